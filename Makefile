@@ -1,0 +1,33 @@
+# Quick start: `make demo` (main job on the embedded default corpus) and `make test` (the suite).
+# Both create .venv on first use. torch==2.13.0 (the CPU build) is installed first, and only when the venv has
+# no torch, so a user's own torch build is kept; then the package with its dev extra.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) setup.py
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
+	@# Pin whatever torch the venv now has, so resolving deepspeed never swaps it for another (CUDA) build.
+	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PY) launch/demo.py --out results/demo
+
+bench: $(STAMP)
+	$(PY) eval/bench_attention.py --out results/bench_attention.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,67 @@
+"""The consolidated model file: one fp32 ``model.pt`` that evaluation and analyses load.
+
+Format (a plain dict saved with ``torch.save``; loads with ``weights_only=True``)::
+
+    {"format": "regulargpt-model", "version": 1,
+     "config": <resolved config as a JSON-able dict>,      # rebuilds the model with build_model
+     "state_dict": {name: fp32 tensor},
+     "meta": {"step": int, ...}}                           # free-form, JSON-able
+
+Written atomically (temporary name + rename).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from regulargpt.config import Config, config_to_dict, load_config_dict
+from regulargpt.io import atomic_write_bytes
+
+__all__ = ["CheckpointError", "save_model_file", "load_model_file"]
+
+_FORMAT, _VERSION = "regulargpt-model", 1
+
+
+class CheckpointError(ValueError):
+    """A model file that is missing, corrupt, or does not match the model it is loaded into."""
+
+
+def save_model_file(path: str | Path, cfg: Config, model: nn.Module, meta: dict[str, Any] | None = None) -> None:
+    state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
+             for k, v in model.state_dict().items()}
+    payload = {"format": _FORMAT, "version": _VERSION, "config": config_to_dict(cfg), "state_dict": state,
+               "meta": dict(meta or {})}
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Config, nn.Module, dict[str, Any]]:
+    """Load a model file → (config, model in eval mode, meta). Clear errors for missing/corrupt/mismatched files."""
+    from regulargpt.model import build_model
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: model file not found (export one with `python launch/export.py RUN_DIR`)")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated zip, pickle error, ...
+        raise CheckpointError(f"{path}: cannot read model file ({type(err).__name__}: {err})") from None
+    if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
+        raise CheckpointError(f"{path}: not a regulargpt model file (expected format {_FORMAT!r})")
+    if payload.get("version") != _VERSION:
+        raise CheckpointError(f"{path}: model file version {payload.get('version')!r}; this code reads {_VERSION}")
+    cfg = load_config_dict(payload["config"], source=f"{path}[config]")
+    model = build_model(cfg.model)
+    missing, unexpected = model.load_state_dict(payload["state_dict"], strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model its config describes; missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    return cfg, model.eval(), dict(payload.get("meta", {}))

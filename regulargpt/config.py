@@ -1,0 +1,444 @@
+"""Typed, validated run configuration loaded from JSON.
+
+A config file is a JSON object with up to six sections::
+
+    {"extends": "../base.json",            # optional, path relative to this file; merged recursively
+     "model": {...}, "data": {...}, "train": {...}, "eval": {...}, "logging": {...},
+     "deepspeed": {...}}                   # passed through to DeepSpeed unchanged (a plain dict)
+
+Every section is a dataclass below. Loading is strict: an unknown key, a wrong type or an impossible value raises
+:class:`ConfigError`, whose message names the file, the key path, the value and what is allowed, e.g.::
+
+    configs/tiny/regular_gpt.json: model.chunk_sise: unknown key; did you mean 'chunk_size'?
+
+Command-line overrides use dotted paths and are converted to the field's type: ``--set model.chunk_size=4``,
+``--set train.lr=3e-4``, ``--set eval.lengths=64,128,256``. A resolved config round-trips through JSON unchanged:
+``load_config_dict(config_to_dict(cfg)) == cfg``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "DataConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "Config",
+    "load_config",
+    "load_config_dict",
+    "config_to_dict",
+    "apply_overrides",
+    "save_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config problem a user can fix; the message names the file, the key path, the value and what is allowed."""
+
+
+Architecture = Literal["regular_gpt", "transformer", "rnn", "lstm"]
+Position = Literal[
+    "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power"
+]
+
+
+@dataclass
+class ModelConfig:
+    """The network. `architecture` picks the family; the other fields apply where they make sense.
+
+    RegularGPT: `chunk_size` C, `thickness` K, adaptive depth ceil(log_C T) depth steps of one shared block of K
+    sub-layers. Transformer baseline: `n_layers` dense causal layers with the `position` scheme.
+    """
+
+    architecture: Architecture = "regular_gpt"
+    head: Literal["lm", "classifier"] = "lm"  # lm: every position predicts the next token; classifier: last position
+    vocab_size: int = 256
+    num_classes: int = 0  # classifier only (>= 2)
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4  # transformer / rnn / lstm only
+    ffn_mult: int = 4  # FFN hidden width = ffn_mult * d_model
+    chunk_size: int = 2  # RegularGPT C
+    thickness: int = 1  # RegularGPT K
+    pad: Literal["learned", "mask"] = "learned"  # RegularGPT: out-of-range keys read the learned pad state, or are masked
+    norm: Literal["pre", "post"] = "pre"
+    activation: Literal["gelu", "relu"] = "gelu"
+    position: Position = "none"  # transformer only; RegularGPT has its per-head window scalars
+    max_positions: int = 0  # learned absolute positions only: the longest input the model accepts
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    rope_base: float = 10000.0
+    dropout: float = 0.0
+    qkv_bias: bool = False
+    embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model) (the authors' formal-language models)
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    attention_memory_mb: int = 256  # dense baselines: query-chunk size is chosen so one score block stays under this
+
+    def validate(self) -> None:
+        _positive(self, "vocab_size", "d_model", "n_heads", "n_layers", "ffn_mult", "attention_memory_mb")
+        if self.d_model % self.n_heads:
+            _fail("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
+        if self.chunk_size < 2:
+            _fail("chunk_size", self.chunk_size, "an integer >= 2 (C = 1 would never grow the receptive field)")
+        if self.thickness < 1:
+            _fail("thickness", self.thickness, "an integer >= 1")
+        if self.head == "classifier" and self.num_classes < 2:
+            _fail("num_classes", self.num_classes, "an integer >= 2 when head is 'classifier'")
+        if self.architecture != "transformer" and self.position not in ("none",):
+            _fail("position", self.position, f"'none' for architecture {self.architecture!r} (positions are transformer-only)")
+        if self.architecture in ("rnn", "lstm") and self.head != "classifier":
+            _fail("head", self.head, "'classifier' for rnn/lstm (they are formal-language baselines)")
+        if self.position == "learned" and self.max_positions < 1:
+            _fail("max_positions", self.max_positions, "an integer >= 1 when position is 'learned'")
+        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
+            _fail("position", "rope", f"an even head dimension (d_model/n_heads = {self.d_model // self.n_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            _fail("dropout", self.dropout, "a probability in [0, 1)")
+        if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
+            _fail("t5_max_distance", self.t5_max_distance, f"> t5_num_buckets // 2 = {self.t5_num_buckets // 2}")
+        if self.rope_base <= 1.0:
+            _fail("rope_base", self.rope_base, "a number > 1")
+        if self.init_std <= 0:
+            _fail("init_std", self.init_std, "a number > 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass
+class DataConfig:
+    """Where training examples come from: a token-shard folder (language modelling) or a formal-language task."""
+
+    path: str = ""  # folder written by data_prep/prepare.py
+    seq_len: int = 512  # language-model training length T
+    task: str = ""  # formal-language task name (regulargpt.tasks.TASK_NAMES)
+    task_options: dict[str, Any] = field(default_factory=dict)
+    min_length: int = 1  # formal: training lengths drawn uniformly from min_length..max_length, one per batch
+    max_length: int = 40
+
+    def validate(self) -> None:
+        _positive(self, "seq_len", "min_length", "max_length")
+        if self.max_length < self.min_length:
+            _fail("max_length", self.max_length, f">= min_length={self.min_length}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. `steps` counts optimizer steps; one step = grad_accum micro-batches per rank."""
+
+    seed: int = 0
+    steps: int = 1000
+    lr: float = 3e-4
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_fraction: float = 0.0
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    batch_size: int = 32  # micro-batch per rank (formal tasks: the whole batch)
+    grad_accum: int = 1
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    zero_stage: int = 0
+    activation_checkpointing: bool = False
+    log_every: int = 10
+    eval_every: int = 0  # validation every N steps; 0 = only at the end
+    eval_batches: int = 8
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    keep_last: int = 2
+    max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
+
+    def validate(self) -> None:
+        _positive(self, "steps", "lr", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last")
+        if self.seed < 0:
+            _fail("seed", self.seed, "an integer >= 0")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            _fail("warmup_fraction", self.warmup_fraction, "a fraction in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _fail("min_lr_ratio", self.min_lr_ratio, "a fraction in [0, 1]")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                _fail(name, getattr(self, name), "a number in [0, 1)")
+        if self.zero_stage not in (0, 1, 2, 3):
+            _fail("zero_stage", self.zero_stage, "one of 0, 1, 2, 3")
+        for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "max_bad_steps"):
+            if getattr(self, name) < 0:
+                _fail(name, getattr(self, name), "a number >= 0")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation lengths and protocol (language modelling) or range evaluation (formal languages)."""
+
+    lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
+    protocol: Literal["nonoverlapping", "sliding"] = "nonoverlapping"
+    stride: int = 0  # sliding protocol: 0 means the window length
+    tokens: int = 0  # tokens scored per length; 0 = as many as the split holds at the longest length
+    memory_gb: float = 4.0  # batch size is chosen to stay under this
+    max_length: int = 500  # formal: evaluate every length 1..max_length
+    samples_per_length: int = 512
+    score_min_length: int = 41  # formal: the score averages lengths score_min_length..max_length
+
+    def validate(self) -> None:
+        if not self.lengths or any(not isinstance(x, int) or x < 1 for x in self.lengths):
+            _fail("lengths", self.lengths, "a non-empty list of integers >= 1")
+        _positive(self, "memory_gb", "max_length", "samples_per_length", "score_min_length")
+        if self.stride < 0 or self.tokens < 0:
+            _fail("stride" if self.stride < 0 else "tokens", min(self.stride, self.tokens), "an integer >= 0")
+
+
+@dataclass
+class LoggingConfig:
+    """Console and experiment tracking. wandb runs offline when no API key is configured."""
+
+    wandb: bool = False
+    project: str = "regulargpt"
+    run_name: str = ""
+    progress: bool = True  # tqdm progress bars
+
+    def validate(self) -> None:
+        if self.wandb and not self.project:
+            _fail("project", self.project, "a non-empty wandb project name when wandb is on")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    deepspeed: dict[str, Any] = field(default_factory=dict)  # merged over the DeepSpeed config built from `train`
+
+    def validate(self) -> None:
+        for section in ("model", "data", "train", "eval", "logging"):
+            try:
+                getattr(self, section).validate()
+            except _FieldError as err:
+                raise ConfigError(f"{section}.{err.key}: {err.value!r} is not allowed; expected {err.expected}") from None
+
+
+# ----------------------------------------------------------------------------------------------------- validation
+
+
+class _FieldError(ConfigError):
+    """Raised by a section's validate(); Config.validate() prefixes the section name."""
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        super().__init__(f"{key}: {value!r} is not allowed; expected {expected}")
+        self.key, self.value, self.expected = key, value, expected
+
+
+def _fail(key: str, value: Any, expected: str) -> typing.NoReturn:
+    raise _FieldError(key, value, expected)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            _fail(name, getattr(obj, name), "a number > 0")
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if typing.get_origin(tp) is dict:
+        return "a JSON object"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _check_value(value: Any, tp: Any, where: str) -> Any:
+    """Type-check one JSON value against a field type; returns the value converted (int -> float for float fields)."""
+    origin = typing.get_origin(tp)
+    ok: bool
+    if origin is Literal:
+        ok = value in typing.get_args(tp) and type(value) is type(typing.get_args(tp)[0])
+    elif origin is list:
+        if isinstance(value, list):
+            return [_check_value(v, typing.get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        ok = False
+    elif origin is dict:
+        ok = isinstance(value, dict)
+    elif tp is bool:
+        ok = isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            return float(value)
+    elif tp is str:
+        ok = isinstance(value, str)
+    else:
+        raise TypeError(f"unsupported config field type {tp}")
+    if not ok:
+        raise ConfigError(f"{where}: {value!r} has the wrong type; expected {_type_name(tp)}")
+    return value
+
+
+def _did_you_mean(key: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else "allowed keys: " + ", ".join(sorted(allowed))
+
+
+def _build_section(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise ConfigError(f"{where}.{key}: unknown key; {_did_you_mean(key, names)}")
+        kwargs[key] = _check_value(value, hints[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "logging": LoggingConfig}
+
+
+def load_config_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
+    """Build and validate a :class:`Config` from an already-merged dict (no ``extends``)."""
+    try:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"top level: expected a JSON object, got {type(raw).__name__}")
+        allowed = list(_SECTIONS) + ["deepspeed"]
+        for key in raw:
+            if key not in allowed:
+                raise ConfigError(f"{key}: unknown section; {_did_you_mean(key, allowed)}")
+        sections = {name: _build_section(cls, raw.get(name, {}), name) for name, cls in _SECTIONS.items()}
+        deepspeed = raw.get("deepspeed", {})
+        if not isinstance(deepspeed, dict):
+            raise ConfigError(f"deepspeed: expected a JSON object, got {deepspeed!r}")
+        cfg = Config(**sections, deepspeed=dict(deepspeed))
+        cfg.validate()
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return cfg
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a JSON object")
+    return raw
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; `over` wins. Lists and scalars are replaced, objects merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _load_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in chain:
+        raise ConfigError(f"{path}: 'extends' cycle: " + " -> ".join(str(p) for p in chain + (path,)))
+    raw = _read_json(path)
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends: {parent!r} has the wrong type; expected a relative path string")
+    return _merge(_load_raw(path.parent / parent, chain + (path,)), raw)
+
+
+def _parse_override_value(text: str, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    try:
+        if origin is list:
+            inner = typing.get_args(tp)[0]
+            return [_parse_override_value(t.strip(), inner, where) for t in text.split(",") if t.strip()]
+        if origin is dict:
+            return json.loads(text)
+        if tp is bool or (origin is Literal and isinstance(typing.get_args(tp)[0], bool)):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if tp is int or (origin is Literal and isinstance(typing.get_args(tp)[0], int)):
+            return int(text)
+        if tp is float:
+            return float(text)
+    except (ValueError, json.JSONDecodeError):
+        raise ConfigError(f"--set {where}={text}: cannot convert {text!r} to {_type_name(tp)}") from None
+    return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to a raw config dict, converting each value to its field's type.
+
+    ``deepspeed.*`` keys take JSON values (``--set deepspeed.zero_optimization={"stage":2}``) or plain strings.
+    """
+    out = json.loads(json.dumps(raw))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. model.chunk_size=4")
+        path, text = item.split("=", 1)
+        parts = path.strip().split(".")
+        if parts[0] == "deepspeed" and len(parts) >= 2:
+            try:
+                value: Any = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            node = out.setdefault("deepspeed", {})
+            for p in parts[1:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = value
+            continue
+        if len(parts) != 2 or parts[0] not in _SECTIONS:
+            allowed = list(_SECTIONS)
+            hint = _did_you_mean(parts[0], allowed) if parts[0] not in _SECTIONS else "use SECTION.KEY"
+            raise ConfigError(f"--set {item}: {path!r} is not a SECTION.KEY path; {hint}")
+        section, key = parts
+        cls = _SECTIONS[section]
+        names = [f.name for f in dataclasses.fields(cls)]
+        if key not in names:
+            raise ConfigError(f"--set {item}: {section}.{key}: unknown key; {_did_you_mean(key, names)}")
+        out.setdefault(section, {})[key] = _parse_override_value(text, typing.get_type_hints(cls)[key], path)
+    return out
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a JSON config (following ``extends``), apply ``--set`` overrides, and validate.
+
+    >>> cfg = load_config("configs/tiny/regular_gpt.json", ["model.chunk_size=4"])  # doctest: +SKIP
+    """
+    path = Path(path)
+    raw = _load_raw(path)
+    raw = apply_overrides(raw, overrides or [])
+    return load_config_dict(raw, source=str(path))
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The resolved config as plain JSON-able data (no ``extends``)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config atomically (temporary file + rename)."""
+    from regulargpt.io import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(config_to_dict(cfg), indent=2, sort_keys=True) + "\n")
+

@@ -1,0 +1,108 @@
+"""Building blocks shared by RegularGPT and the dense baselines: one Transformer layer with a pluggable attention
+pattern, pre- or post-LN, and the token embedding / output heads.
+
+A layer computes, with `attend` the attention pattern (sliding-dilated, dense causal, ...)::
+
+    pre-LN:   h = x + Attn(LN1(x));   y = h + FFN(LN2(h))
+    post-LN:  h = LN1(x + Attn(x));   y = LN2(h + FFN(h))
+    Attn(x) = W_o · attend(W_q x, W_k x, W_v x)           (heads split as (B, H, T, Dh))
+    FFN(x)  = W_2 · act(W_1 x + b_1) + b_2                (hidden width ffn_mult · d)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from regulargpt.config import ModelConfig
+
+__all__ = ["AttendFn", "TransformerLayer", "TokenEmbedding", "OutputHead", "init_weights"]
+
+AttendFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (q, k, v), each (B, H, T, Dh) -> (B, H, T, Dh)
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads, self.pre_norm = cfg.n_heads, cfg.norm == "pre"
+        self.qkv = nn.Linear(d, 3 * d, bias=cfg.qkv_bias)
+        self.out = nn.Linear(d, d, bias=cfg.qkv_bias)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ffn_in = nn.Linear(d, cfg.ffn_mult * d)
+        self.ffn_out = nn.Linear(cfg.ffn_mult * d, d)
+        self.act: Callable[[Tensor], Tensor] = F.gelu if cfg.activation == "gelu" else F.relu
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, d = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads)  # (B, T, 3, H, Dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
+        return q, k, v
+
+    def key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values this layer would compute for x (B, T, d): each (B, H, T, Dh). Used for pad states."""
+        _, k, v = self._heads(self.norm1(x) if self.pre_norm else x)
+        return k, v
+
+    def attention(self, x: Tensor, attend: AttendFn) -> Tensor:
+        q, k, v = self._heads(x)
+        a = attend(q, k, v)  # (B, H, T, Dh)
+        b, h, t, dh = a.shape
+        return self.drop(self.out(a.transpose(1, 2).reshape(b, t, h * dh)))
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.ffn_out(self.act(self.ffn_in(x))))
+
+    def forward(self, x: Tensor, attend: AttendFn) -> Tensor:
+        if self.pre_norm:
+            x = x + self.attention(self.norm1(x), attend)
+            return x + self.feed_forward(self.norm2(x))
+        x = self.norm1(x + self.attention(x, attend))
+        return self.norm2(x + self.feed_forward(x))
+
+    def parameters_per_application(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding, optionally × sqrt(d) (the authors' formal-language models), then dropout."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.table = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.scale = math.sqrt(cfg.d_model) if cfg.embedding_scale else 1.0
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.drop(self.table(tokens) * self.scale)
+
+
+class OutputHead(nn.Module):
+    """Final LayerNorm (pre-LN models only; post-LN layers end normalised) and a linear read-out."""
+
+    def __init__(self, cfg: ModelConfig, out_features: int, tied: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.norm: nn.Module = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.proj = nn.Linear(cfg.d_model, out_features, bias=cfg.head == "classifier")
+        if tied is not None:
+            self.proj.weight = tied.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.norm(x))
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """GPT-style init: N(0, std) for linear and embedding weights, zero biases, unit LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)

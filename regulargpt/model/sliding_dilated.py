@@ -1,0 +1,209 @@
+"""Sliding-Dilated-Attention: the exact O(T·C) kernel and its dense T×T reference (tests only).
+
+Rule (RegularGPT, depth step l, chunk size C, dilation D = C**l): query position m attends exactly to the keys
+m - j·D for j = 0..C-1, with logit
+
+    s[m, j] = q_m · k_{m - j·D} / sqrt(Dh) + r[h, j]
+
+Keys at negative positions read the pad key/value (`pad_k`, `pad_v`); with no pads they are masked out (position m
+itself is always visible, so no row is empty).
+
+Worked example (C=2, D=2, T=5): position 4 sees keys 4 and 2; position 1 sees key 1 and the pad (position -1).
+
+Kernel. Fold the dilation away: pad T to a multiple of D at the end and view the sequence as D interleaved
+subsequences of length N = ceil(T/D) (subsequence s holds positions s, s+D, s+2D, ...). In the folded sequence the
+rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. Two exact band algorithms:
+
+* ``shift``: for each offset j, score = sum(q * k_shifted_j); softmax over the C scores; out = sum_j p_j v_shifted_j.
+  Shifted keys are slices of one left-padded tensor (views, no copies). Memory O(T·C + T·Dh). Best for small C.
+* ``blocked``: cut the folded sequence into blocks of C queries; each block attends to its own and the previous
+  block of keys with one batched matmul, scores (N/C, C, 2C), band outside masked. Memory O(T·C + T·Dh). Best for
+  large C, where the matmuls are efficient.
+
+Neither ever allocates a T×T tensor. Autograd reaches q, k, v, rel_bias and the pads through plain torch ops.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth"]
+
+Algorithm = Literal["auto", "shift", "blocked"]
+_SHIFT_MAX_C = 8  # `auto` uses the shift loop up to this C (measured in eval/bench_attention.py), blocked above
+
+
+def adaptive_depth(length: int, chunk_size: int) -> int:
+    """Depth steps L = max(1, ceil(log_C T)), in exact integer arithmetic.
+
+    The smallest L >= 1 with C**L >= T. Float ``math.log`` is wrong at exact powers (C=5, T=125 gives 4, not 3).
+
+    >>> adaptive_depth(125, 5), adaptive_depth(126, 5), adaptive_depth(1, 2), adaptive_depth(40, 2)
+    (3, 4, 1, 6)
+    """
+    if length < 1:
+        raise ValueError(f"adaptive_depth: length must be >= 1, got {length}")
+    if chunk_size < 2:
+        raise ValueError(f"adaptive_depth: chunk_size must be >= 2, got {chunk_size}")
+    depth, reach = 1, chunk_size
+    while reach < length:
+        depth += 1
+        reach *= chunk_size
+    return depth
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
+                  pad_k: Tensor | None, pad_v: Tensor | None) -> None:
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v must share the shape (B, H, T, Dh); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if rel_bias.dim() != 2 or rel_bias.shape[0] != q.shape[1]:
+        raise ValueError(f"rel_bias must be (H, C) with H={q.shape[1]}; got {tuple(rel_bias.shape)}")
+    if dilation < 1:
+        raise ValueError(f"dilation must be >= 1, got {dilation}")
+    if (pad_k is None) != (pad_v is None):
+        raise ValueError("pad_k and pad_v must both be given or both be None")
+    if pad_k is not None and pad_k.shape != (q.shape[0], q.shape[1], q.shape[3]):
+        raise ValueError(f"pad_k/pad_v must be (B, H, Dh) = {(q.shape[0], q.shape[1], q.shape[3])}; got {tuple(pad_k.shape)}")
+
+
+def _fold(x: Tensor, dilation: int) -> Tensor:
+    """(B, H, T, Dh) -> (B, H, D, N, Dh): D interleaved subsequences, T padded at the end to N*D."""
+    b, h, t, dh = x.shape
+    n = -(-t // dilation)
+    if n * dilation != t:
+        x = F.pad(x, (0, 0, 0, n * dilation - t))
+    return x.view(b, h, n, dilation, dh).transpose(2, 3)  # (B, H, D, N, Dh)
+
+
+def _unfold(x: Tensor, length: int) -> Tensor:
+    """(B, H, D, N, Dh) -> (B, H, T, Dh), dropping the end padding."""
+    b, h, d, n, dh = x.shape
+    return x.transpose(2, 3).reshape(b, h, n * d, dh)[:, :, :length]
+
+
+def _score_dtype(x: Tensor) -> torch.dtype:
+    """Scores and softmax run in fp32, or fp64 when the inputs are fp64."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _band_shift(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None, pad_v: Tensor | None) -> Tensor:
+    """Causal band of width C over the last-but-one axis by shift-and-accumulate. q, k, v: (B, H, D, N, Dh)."""
+    b, h, d, n, dh = q.shape
+    sdt = _score_dtype(q)
+    c = rel_bias.shape[1]
+    scale = 1.0 / math.sqrt(dh)
+    if pad_k is not None:
+        fill_k = pad_k[:, :, None, None, :].expand(b, h, d, c - 1, dh)
+        fill_v = pad_v[:, :, None, None, :].expand(b, h, d, c - 1, dh)
+    else:
+        fill_k = fill_v = q.new_zeros(b, h, d, c - 1, dh)
+    k_ext = torch.cat([fill_k, k], dim=3)  # (B, H, D, C-1+N, Dh): folded key n-j sits at n+C-1-j
+    v_ext = torch.cat([fill_v, v], dim=3)
+    scores = torch.stack(
+        [(q * k_ext[:, :, :, c - 1 - j: c - 1 - j + n]).sum(-1) for j in range(c)], dim=-1
+    )  # (B, H, D, N, C)
+    scores = scores.to(sdt) * scale + rel_bias.to(sdt)[None, :, None, None, :]
+    if pad_k is None:
+        idx = torch.arange(n, device=q.device)
+        invisible = idx[:, None] < torch.arange(c, device=q.device)[None, :]  # (N, C): key n-j < 0
+        scores = scores.masked_fill(invisible, float("-inf"))
+    probs = scores.softmax(-1).to(v.dtype)  # (B, H, D, N, C)
+    out = probs[..., 0, None] * v_ext[:, :, :, c - 1: c - 1 + n]
+    for j in range(1, c):
+        out = out + probs[..., j, None] * v_ext[:, :, :, c - 1 - j: c - 1 - j + n]
+    return out
+
+
+def _band_blocked(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None, pad_v: Tensor | None) -> Tensor:
+    """Causal band of width C, blocks of C queries against 2C keys. q, k, v: (B, H, D, N, Dh)."""
+    b, h, d, n, dh = q.shape
+    sdt = _score_dtype(q)
+    c = rel_bias.shape[1]
+    nb = -(-n // c)
+    pad_end = nb * c - n
+    scale = 1.0 / math.sqrt(dh)
+    if pad_end:
+        q, k, v = (F.pad(x, (0, 0, 0, pad_end)) for x in (q, k, v))
+    if pad_k is not None:
+        first_k = pad_k[:, :, None, None, :].expand(b, h, d, c, dh)
+        first_v = pad_v[:, :, None, None, :].expand(b, h, d, c, dh)
+    else:
+        first_k = first_v = q.new_zeros(b, h, d, c, dh)
+    k_ext = torch.cat([first_k, k], dim=3).view(b, h, d, nb + 1, c, dh)  # block 0 = the pad block
+    v_ext = torch.cat([first_v, v], dim=3).view(b, h, d, nb + 1, c, dh)
+    keys = torch.cat([k_ext[:, :, :, :-1], k_ext[:, :, :, 1:]], dim=4)  # (B, H, D, nb, 2C, Dh): previous + own block
+    values = torch.cat([v_ext[:, :, :, :-1], v_ext[:, :, :, 1:]], dim=4)
+    qb = q.view(b, h, d, nb, c, dh)
+    scores = torch.matmul(qb, keys.transpose(-1, -2)).to(sdt) * scale  # (B, H, D, nb, C, 2C)
+    # Query i of a block sees window slot w = C + i - j for offset j = 0..C-1; other slots are outside the band.
+    i = torch.arange(c, device=q.device)[:, None]
+    w = torch.arange(2 * c, device=q.device)[None, :]
+    offset = c + i - w  # (C, 2C): the j each slot corresponds to
+    in_band = (offset >= 0) & (offset < c)
+    bias = rel_bias.to(sdt)[:, offset.clamp(0, c - 1)]  # (H, C, 2C)
+    bias = bias.masked_fill(~in_band, float("-inf"))
+    scores = scores + bias[None, :, None, None]
+    if pad_k is None:  # block 0's previous block is the pad block: masked in mask mode
+        head = scores[:, :, :, :1].clone()
+        head[..., :c] = float("-inf")
+        scores = torch.cat([head, scores[:, :, :, 1:]], dim=3)
+    probs = scores.softmax(-1).to(v.dtype)
+    out = torch.matmul(probs, values)  # (B, H, D, nb, C, Dh)
+    return out.view(b, h, d, nb * c, dh)[:, :, :, :n]
+
+
+def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
+                              pad_k: Tensor | None = None, pad_v: Tensor | None = None,
+                              algorithm: Algorithm = "auto") -> Tensor:
+    """Exact sliding-dilated attention in O(T·C) time and memory per head.
+
+    Args:
+        q, k, v: (B, H, T, Dh).
+        rel_bias: (H, C) learnable per-head scalars; r[h, j] is added to the logit of key m - j·dilation.
+        dilation: D = C**l at depth step l.
+        pad_k, pad_v: (B, H, Dh) key/value read by out-of-range (negative) positions, or None to mask them.
+        algorithm: "shift", "blocked" or "auto" (shift for C <= 8, blocked above).
+
+    Returns:
+        (B, H, T, Dh). Scores and softmax run in fp32 (fp64 for fp64 inputs) whatever the input dtype.
+    """
+    _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v)
+    t = q.shape[2]
+    c = rel_bias.shape[1]
+    if algorithm == "auto":
+        algorithm = "shift" if c <= _SHIFT_MAX_C else "blocked"
+    band = {"shift": _band_shift, "blocked": _band_blocked}[algorithm]
+    qf, kf, vf = (_fold(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
+    return _unfold(band(qf, kf, vf, rel_bias, pad_k, pad_v), t)
+
+
+def reference_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
+                                        pad_k: Tensor | None = None, pad_v: Tensor | None = None) -> Tensor:
+    """Dense reference built from the full T×T mask of the rule above (plus one pad column). Tests only."""
+    _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v)
+    b, h, t, dh = q.shape
+    c = rel_bias.shape[1]
+    m = torch.arange(t)[:, None]
+    n = torch.arange(t)[None, :]
+    diff = m - n
+    j = torch.div(diff, dilation, rounding_mode="floor")
+    visible = (diff >= 0) & (diff % dilation == 0) & (j < c)  # (T, T)
+    bias = torch.full((h, t, t), float("-inf"), dtype=q.dtype)
+    bias[:, visible] = rel_bias[:, j[visible]].to(q.dtype)
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh) + bias  # (B, H, T, T)
+    if pad_k is None:
+        return torch.matmul(scores.softmax(-1), v)
+    # Pad slots: query m has one pad key per j with m - j·D < 0. All pad keys are identical, so they are one column
+    # whose weight is the sum over those j of exp(q·pad_k/sqrt(Dh) + r[h, j]) = exp(q·pad_k/sqrt(Dh) + logsumexp r).
+    jj = torch.arange(c)
+    pad_j = (m - jj[None, :] * dilation) < 0  # (T, C)
+    pad_bias = torch.where(pad_j[None], rel_bias[:, None, :].to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype))
+    pad_bias = torch.logsumexp(pad_bias, dim=-1)  # (H, T), -inf where no pad is visible
+    pad_scores = (q * pad_k[:, :, None, :]).sum(-1) / math.sqrt(dh) + pad_bias  # (B, H, T)
+    probs = torch.cat([scores, pad_scores[..., None]], dim=-1).softmax(-1)  # (B, H, T, T+1)
+    return torch.matmul(probs[..., :t], v) + probs[..., t:] * pad_v[:, :, None, :]

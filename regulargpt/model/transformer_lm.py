@@ -1,0 +1,80 @@
+"""Dense causal Transformer language model: the length-extrapolation baselines.
+
+`position` selects the position signal (see :mod:`regulargpt.model.position`):
+
+* none          NoPE: the causal mask is the only order signal;
+* sinusoidal    x_t += [sin(t·ω) | cos(t·ω)] at the input;
+* learned       x_t += P[t], t < max_positions (longer inputs are an error);
+* rope          q, k rotated by position (RoPE);
+* alibi, t5, kerple_log, kerple_power: an additive bias b_h(m − n) on the attention logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from regulargpt.config import ModelConfig
+from regulargpt.model.dense_attention import causal_attention
+from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
+from regulargpt.model.position import (
+    ATTENTION_BIASES,
+    LearnedPositions,
+    RotaryEmbedding,
+    T5Bias,
+    sinusoidal_table,
+)
+
+__all__ = ["TransformerLM"]
+
+
+class TransformerLM(nn.Module):
+    """tokens (B, T) → next-token logits (B, T, vocab); `n_layers` distinct dense causal layers."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = TokenEmbedding(cfg)
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_layers))
+        self.head = OutputHead(cfg, cfg.vocab_size, tied=self.embed.table if cfg.tie_embeddings else None)
+        self.learned_positions = (
+            LearnedPositions(cfg.max_positions, cfg.d_model, cfg.init_std) if cfg.position == "learned" else None
+        )
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.position == "rope" else None
+        init_weights(self, cfg.init_std)
+        # One bias module per model, shared by every layer (as in ALiBi/T5/KERPLE); created after init_weights so
+        # KERPLE keeps its reference initialisation.
+        self.bias: nn.Module | None = None
+        if cfg.position == "t5":
+            self.bias = T5Bias(cfg.n_heads, cfg.t5_num_buckets, cfg.t5_max_distance, cfg.init_std)
+        elif cfg.position in ATTENTION_BIASES:
+            self.bias = ATTENTION_BIASES[cfg.position](cfg.n_heads)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.rotary is not None:
+            positions = torch.arange(q.shape[2], device=q.device)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return causal_attention(q, k, v, self.bias, self.config.attention_memory_mb)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        t = tokens.shape[1]
+        x = self.embed(tokens)
+        if self.config.position == "sinusoidal":
+            x = x + sinusoidal_table(torch.arange(t, device=tokens.device), self.config.d_model).to(x.dtype)
+        elif self.learned_positions is not None:
+            x = x + self.learned_positions(t).to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, self._attend)
+        return self.head(x)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, length: int) -> int:
+        """Training FLOPs per token (3 × forward) at length T: weight matmuls of every layer and the head, plus
+        attention over the (T+1)/2 keys a causal query sees on average:
+        3 · [n_layers · (2·(4d² + 2·ffn_mult·d²) + 4·d·(T+1)/2) + 2·d·V]."""
+        cfg = self.config
+        d = cfg.d_model
+        per_layer = 2 * (4 * d * d + 2 * cfg.ffn_mult * d * d) + 4 * d * (length + 1) // 2
+        return 3 * (cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)

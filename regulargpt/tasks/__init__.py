@@ -1,0 +1,50 @@
+"""The regular-language task suite: `make_task(name, **options)` and `TASK_NAMES`.
+
+Token ids and labels follow DESIGN.md section 5; each task's docstring gives its definition, a worked example and
+how it samples. Options: parity_check `p_one`; modular_arithmetic `modulus`, `leading_plus`; dyck `n` (required).
+"""
+import difflib
+import inspect
+from collections.abc import Callable
+from functools import partial
+
+from regulargpt.tasks.base import DfaMembershipTask, Task
+from regulargpt.tasks.counting import StarTask
+from regulargpt.tasks.cycle_navigation import CycleNavigation
+from regulargpt.tasks.dyck import DyckTask
+from regulargpt.tasks.even_pairs import EvenPairs
+from regulargpt.tasks.modular_arithmetic import ModularArithmetic
+from regulargpt.tasks.parity_check import ParityCheck
+from regulargpt.tasks.tomita import TomitaTask
+
+_REGISTRY: dict[str, Callable[..., Task]] = {
+    "even_pairs": EvenPairs,
+    "parity_check": ParityCheck,
+    "cycle_navigation": CycleNavigation,
+    "modular_arithmetic": ModularArithmetic,
+    **{f"tomita_{k}": partial(TomitaTask, k) for k in (1, 3, 4, 5, 6, 7)},
+    "dyck": DyckTask,
+    **{name: partial(StarTask, name) for name in ("aa_star", "aaaa_star", "abab_star")},
+}
+TASK_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def make_task(name: str, **options: int | float | bool) -> Task:
+    """Builds the task `name`, e.g. `make_task("dyck", n=2)`; unknown names or options raise ValueError."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, TASK_NAMES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"Unknown task {name!r}.{hint} Allowed: {', '.join(TASK_NAMES)}.")
+    factory = _REGISTRY[name]
+    params = inspect.signature(factory).parameters
+    allowed = ", ".join(params) or "none"
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        raise ValueError(f"Unknown option(s) {', '.join(unknown)} for task {name!r}. Allowed options: {allowed}.")
+    missing = [p for p, spec in params.items() if spec.default is inspect.Parameter.empty and p not in options]
+    if missing:
+        raise ValueError(f"Task {name!r} requires option(s) {', '.join(missing)}.")
+    return factory(**options)
+
+
+__all__ = ["TASK_NAMES", "DfaMembershipTask", "Task", "make_task"]

@@ -1,0 +1,101 @@
+"""Strict JSON configs: inheritance, overrides, round trip, and errors that name file, key, value and what is allowed."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regulargpt.config import ConfigError, config_to_dict, load_config, load_config_dict, save_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_every_shipped_config_loads_and_round_trips(tmp_path):
+    files = sorted((ROOT / "configs").rglob("*.json"))
+    assert len(files) >= 16
+    for f in files:
+        cfg = load_config(f)
+        again = load_config_dict(json.loads(json.dumps(config_to_dict(cfg))))
+        assert again == cfg, f
+        save_config(cfg, tmp_path / "resolved.json")
+        assert load_config(tmp_path / "resolved.json") == cfg
+
+
+def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
+    _write(tmp_path / "base.json", {"model": {"d_model": 64, "n_heads": 4}, "train": {"lr": 0.001}})
+    child = _write(tmp_path / "child.json", {"extends": "base.json", "model": {"chunk_size": 3}})
+    cfg = load_config(child, ["model.thickness=2", "train.lr=3e-4", "eval.lengths=64,128", "logging.wandb=false",
+                              "model.pad=mask", "data.task_options={\"n\": 2}", "deepspeed.zero_optimization={\"stage\": 2}"])
+    assert (cfg.model.d_model, cfg.model.chunk_size, cfg.model.thickness, cfg.model.pad) == (64, 3, 2, "mask")
+    assert cfg.train.lr == 3e-4 and cfg.eval.lengths == [64, 128] and cfg.logging.wandb is False
+    assert cfg.data.task_options == {"n": 2} and cfg.deepspeed == {"zero_optimization": {"stage": 2}}
+
+
+@pytest.mark.parametrize(
+    "body,pattern",
+    [
+        ({"model": {"chunk_sise": 4}}, r"model\.chunk_sise: unknown key; did you mean 'chunk_size'\?"),
+        ({"modle": {}}, r"modle: unknown section; did you mean 'model'\?"),
+        ({"model": {"d_model": "64"}}, r"model\.d_model: '64' has the wrong type; expected an integer"),
+        ({"model": {"d_model": 64.0}}, r"model\.d_model: 64\.0 has the wrong type"),
+        ({"model": {"chunk_size": 1}}, r"model\.chunk_size: 1 is not allowed; expected an integer >= 2"),
+        ({"model": {"thickness": 0}}, r"model\.thickness: 0 is not allowed; expected an integer >= 1"),
+        ({"model": {"d_model": 30, "n_heads": 4}}, r"model\.d_model: 30 is not allowed; expected a multiple of n_heads=4"),
+        ({"model": {"architecture": "transformer", "position": "alibii"}}, r"model\.position: 'alibii' has the wrong type; expected one of 'none', 'sinusoidal'"),
+        ({"model": {"pad": True}}, r"model\.pad: True has the wrong type; expected one of 'learned', 'mask'"),
+        ({"train": {"zero_stage": 4}}, r"train\.zero_stage: 4 is not allowed; expected one of 0, 1, 2, 3"),
+        ({"eval": {"lengths": [512, 0]}}, r"eval\.lengths"),
+        ({"model": {"architecture": "regular_gpt", "position": "alibi"}}, r"model\.position: 'alibi' is not allowed"),
+        ({"model": {"head": "classifier"}}, r"model\.num_classes: 0 is not allowed"),
+    ],
+)
+def test_bad_values_name_file_key_value_and_allowed(tmp_path, body, pattern):
+    path = _write(tmp_path / "bad.json", body)
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_malformed_json_reports_line_and_column(tmp_path):
+    path = _write(tmp_path / "broken.json", '{\n  "model": {"d_model": 64,}\n}')
+    with pytest.raises(ConfigError, match=r"broken\.json: malformed JSON at line 2, column 27"):
+        load_config(path)
+
+
+def test_missing_file_and_extends_cycle(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.json")
+    _write(tmp_path / "a.json", {"extends": "b.json"})
+    _write(tmp_path / "b.json", {"extends": "a.json"})
+    with pytest.raises(ConfigError, match="'extends' cycle"):
+        load_config(tmp_path / "a.json")
+
+
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("model.chunk_size", r"expected KEY=VALUE"),
+        ("model.chunk_size=two", r"cannot convert 'two' to an integer"),
+        ("model.chunk_sise=2", r"did you mean 'chunk_size'"),
+        ("modle.chunk_size=2", r"did you mean 'model'"),
+        ("logging.wandb=maybe", r"cannot convert 'maybe' to true or false"),
+    ],
+)
+def test_bad_overrides(tmp_path, override, pattern):
+    path = _write(tmp_path / "ok.json", {})
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(path, [override])
+
+
+def test_base_config_depth_matches_twelve_layer_applications():
+    """configs/base.json: RegularGPT's K·ceil(log_C 512) equals the baselines' 12 layers."""
+    from regulargpt.model import adaptive_depth
+
+    base = load_config(ROOT / "configs/base.json")
+    assert base.model.thickness * adaptive_depth(base.data.seq_len, base.model.chunk_size) == 12
+    assert load_config(ROOT / "configs/baselines/alibi.json").model.n_layers == 12

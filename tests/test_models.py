@@ -1,0 +1,181 @@
+"""Every model: causality, overfitting one batch, tree = sliding, bounded dense attention, clear errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from regulargpt.config import ConfigError, ModelConfig
+from regulargpt.model import build_model, causal_attention, reference_sliding_dilated_attention
+
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power"]
+LM_KINDS = [("regular_gpt", "none", {})] + [("transformer", p, {}) for p in POSITIONS] + [
+    ("regular_gpt", "none", {"pad": "mask", "chunk_size": 3, "norm": "post", "activation": "relu"})
+]
+
+
+def _cfg(arch: str, position: str = "none", **kw) -> ModelConfig:
+    base = dict(architecture=arch, position=position, vocab_size=17, d_model=32, n_heads=4, n_layers=2,
+                thickness=2, max_positions=64)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.mark.parametrize("arch,position,extra", LM_KINDS, ids=[f"{a}-{p}-{len(e)}" for a, p, e in LM_KINDS])
+def test_causality_changing_token_t_never_changes_earlier_logits(arch, position, extra):
+    model = build_model(_cfg(arch, position, **extra)).double().eval()
+    x = torch.randint(0, 17, (2, 40))
+    base = model(x)
+    for t in (0, 7, 21, 39):
+        x2 = x.clone()
+        x2[:, t] = (x2[:, t] + 1) % 17
+        out = model(x2)
+        assert torch.allclose(out[:, :t], base[:, :t], atol=1e-12), (arch, position, t)
+        assert not torch.allclose(out[:, t], base[:, t]), "the changed token must matter at its own position"
+
+
+def _overfit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lm: bool, steps: int = 150) -> float:
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, -2), y.flatten()) if lm else F.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize("arch,position,extra", LM_KINDS, ids=[f"{a}-{p}-{len(e)}" for a, p, e in LM_KINDS])
+def test_two_layer_lm_overfits_one_batch(arch, position, extra):
+    model = build_model(_cfg(arch, position, **extra))
+    tokens = torch.randint(0, 17, (4, 17))
+    loss = _overfit(model, tokens[:, :-1], tokens[:, 1:], lm=True)
+    assert loss < 0.3, f"{arch}/{position}: loss {loss:.3f} after 150 steps on one batch"
+
+
+def test_classifier_overfits_one_batch():
+    model = build_model(_cfg("regular_gpt", head="classifier", num_classes=3, norm="post", activation="relu",
+                             embedding_scale=True))
+    x = torch.randint(0, 17, (16, 13))
+    y = torch.randint(0, 3, (16,))
+    assert _overfit(model, x, y, lm=False) < 0.1
+
+
+# ---------------------------------------------------------------------------- tree mode vs sliding mode
+
+
+def _reference_tree(stack, x: torch.Tensor) -> torch.Tensor:
+    """The authors' tree formulation written out independently: left-pad with the learned pad to a multiple of C,
+    run the K sub-layers with the dense reference kernel (dilation 1, keys before index 0 read the pad state),
+    keep the last of each chunk."""
+    c = stack.chunk_size
+    t = x.shape[1]
+    while True:
+        pad = stack.pad
+        left = -t % c
+        if pad is not None and left:
+            x = torch.cat([pad.view(1, 1, -1).expand(x.shape[0], left, -1), x], dim=1)
+        for sub in stack.sublayers:
+            if pad is None:
+                attend = lambda q, k, v, sub=sub: reference_sliding_dilated_attention(q, k, v, sub.rel_bias, 1)
+            else:
+                pk, pv = sub.layer.key_value(pad.view(1, 1, -1))
+                pk, pv = pk[:, :, 0].expand(x.shape[0], -1, -1), pv[:, :, 0].expand(x.shape[0], -1, -1)
+                attend = lambda q, k, v, sub=sub, pk=pk, pv=pv: reference_sliding_dilated_attention(
+                    q, k, v, sub.rel_bias, 1, pk, pv)
+            x_new = sub.layer(x, attend)
+            pad = None if pad is None else sub.layer(pad.view(1, 1, -1), lambda q, k, v: v).view(-1)
+            x = x_new
+        x = x[:, (x.shape[1] - 1) % c:: c]
+        t = x.shape[1]
+        if t == 1:
+            return x[:, 0]
+
+
+@pytest.mark.parametrize("c", [2, 3, 4])
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("pad", ["learned", "mask"])
+def test_tree_mode_equals_sliding_mode_at_last_position(c, k, pad):
+    cfg = _cfg("regular_gpt", head="classifier", num_classes=2, chunk_size=c, thickness=k, pad=pad, norm="post",
+               activation="relu", embedding_scale=True)
+    model = build_model(cfg).double()
+    for t in list(range(1, 20)) + [c**3, c**3 + 1, 70]:
+        emb = model.embed(torch.randint(0, 17, (3, t)))
+        sliding = model.stack.sliding(emb)[:, -1]
+        tree = model.stack.tree(emb)
+        assert torch.allclose(sliding, tree, atol=1e-5), (c, k, pad, t)
+        if pad == "learned" or k == 1:
+            assert torch.allclose(tree, _reference_tree(model.stack, emb), atol=1e-10), (c, k, pad, t)
+
+
+def test_adaptive_depth_follows_the_input_length():
+    model = build_model(_cfg("regular_gpt", chunk_size=2, thickness=1))
+    calls = []
+    hook = model.stack.sublayers[0].register_forward_hook(lambda m, i, o: calls.append(i[0].shape[1]))
+    for t, depth in [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (40, 6), (64, 6), (65, 7)]:
+        calls.clear()
+        model(torch.zeros(1, t, dtype=torch.long))
+        assert len(calls) == depth, (t, calls)
+    hook.remove()
+
+
+def test_pad_state_passes_through_earlier_sublayers():
+    """With K=2, the second sub-layer's pad equals sub-layer 1 applied to p as a length-1 sequence: checked by
+    running sub-layer 1 on a sequence made only of pads (every key it sees is a pad)."""
+    model = build_model(_cfg("regular_gpt", thickness=2)).double()
+    stack = model.stack
+    pads = stack.pad.view(1, 1, -1).expand(1, 5, -1)
+    first = stack.sublayers[0]
+    out, next_pad = first(pads, stack.pad, dilation=1)
+    assert torch.allclose(out, next_pad.view(1, 1, -1).expand_as(out), atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- dense baselines
+
+
+def test_dense_attention_query_chunking_is_exact():
+    q, k, v = (torch.randn(2, 3, 300, 8, dtype=torch.float64) for _ in range(3))
+    model = build_model(_cfg("transformer", "alibi", n_heads=3, d_model=24))
+    full = causal_attention(q, k, v, model.bias, memory_mb=1024)
+    tiny = causal_attention(q, k, v, model.bias, memory_mb=1)  # forces chunks of a few rows
+    assert torch.allclose(full, tiny, atol=1e-12)
+    # brute force for one row
+    m = 123
+    logits = torch.einsum("bhd,bhnd->bhn", q[:, :, m], k[:, :, : m + 1]) / math.sqrt(8)
+    logits = logits + model.bias(torch.tensor([m]), torch.arange(m + 1)).double()[:, 0]
+    want = torch.einsum("bhn,bhnd->bhd", logits.softmax(-1), v[:, :, : m + 1])
+    assert torch.allclose(full[:, :, m], want, atol=1e-12)
+
+
+def test_dense_attention_chunk_memory_is_bounded():
+    from regulargpt.model.dense_attention import query_chunk_size
+
+    chunk = query_chunk_size(batch=1, heads=12, length=16384, memory_mb=256)
+    assert 3 * 4 * 12 * chunk * 16384 <= 256 << 20
+    assert chunk < 16384  # a full T×T block would not fit in the budget
+
+
+def test_learned_positions_error_past_maximum():
+    model = build_model(_cfg("transformer", "learned", max_positions=16))
+    model(torch.zeros(1, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_positions=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_parameter_count_and_flops_are_reported():
+    rg = build_model(_cfg("regular_gpt", thickness=1))
+    tf = build_model(_cfg("transformer", "alibi", n_layers=1))
+    assert rg.num_parameters() == sum(p.numel() for p in rg.parameters())
+    # one shared layer: the LM's weights don't grow with depth, its FLOPs do (log_C T layer applications)
+    assert rg.flops_per_token(1024) > rg.flops_per_token(64)
+    # dense attention FLOPs grow linearly in T, RegularGPT's only through the depth
+    assert tf.flops_per_token(4096) - tf.flops_per_token(2048) > 0
+    assert rg.flops_per_token(4096) - rg.flops_per_token(2048) == rg.flops_per_token(2048) - rg.flops_per_token(1024)
+
+
+def test_unsupported_model_combination_is_a_clear_error():
+    with pytest.raises(ValueError, match="architecture='transformer' with head='classifier'"):
+        build_model(_cfg("transformer", head="classifier", num_classes=2))
+    with pytest.raises(ConfigError, match="chunk_size"):
+        build_model(_cfg("regular_gpt", chunk_size=1))
