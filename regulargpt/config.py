@@ -48,7 +48,7 @@ class ConfigError(ValueError):
 
 Architecture = Literal["regular_gpt", "transformer", "rnn", "lstm"]
 Position = Literal[
-    "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power"
+    "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative"
 ]
 
 
@@ -73,7 +73,7 @@ class ModelConfig:
     pad: Literal["learned", "mask"] = "learned"  # RegularGPT: out-of-range keys read the learned pad state, or are masked
     norm: Literal["pre", "post"] = "pre"
     activation: Literal["gelu", "relu"] = "gelu"
-    position: Position = "none"  # transformer only; RegularGPT has its per-head window scalars
+    position: Position = "none"  # transformer only (xl_relative: Transformer-XL relative encoding, classifier baseline)
     max_positions: int = 0  # learned absolute positions only: the longest input the model accepts
     t5_num_buckets: int = 32
     t5_max_distance: int = 128

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from regulargpt.config import ConfigError, ModelConfig
 from regulargpt.model import build_model, causal_attention, reference_sliding_dilated_attention
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power"]
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative"]
 LM_KINDS = [("regular_gpt", "none", {})] + [("transformer", p, {}) for p in POSITIONS] + [
     ("regular_gpt", "none", {"pad": "mask", "chunk_size": 3, "norm": "post", "activation": "relu"})
 ]
@@ -54,12 +54,51 @@ def test_two_layer_lm_overfits_one_batch(arch, position, extra):
     assert loss < 0.3, f"{arch}/{position}: loss {loss:.3f} after 150 steps on one batch"
 
 
-def test_classifier_overfits_one_batch():
-    model = build_model(_cfg("regular_gpt", head="classifier", num_classes=3, norm="post", activation="relu",
-                             embedding_scale=True))
+CLASSIFIERS = [
+    ("regular_gpt", dict(norm="post", activation="relu", embedding_scale=True)),
+    ("transformer", dict(position="xl_relative", norm="post", activation="relu", embedding_scale=True)),
+    ("transformer", dict(position="alibi")),
+    ("rnn", dict(d_model=64, n_layers=1)),
+    ("lstm", dict(d_model=32, n_layers=2)),
+]
+
+
+@pytest.mark.parametrize("arch,extra", CLASSIFIERS, ids=[f"{a}-{e.get('position', '')}" for a, e in CLASSIFIERS])
+def test_two_layer_classifier_overfits_one_batch(arch, extra):
+    model = build_model(_cfg(arch, head="classifier", num_classes=3, **extra))
     x = torch.randint(0, 17, (16, 13))
     y = torch.randint(0, 3, (16,))
-    assert _overfit(model, x, y, lm=False) < 0.1
+    assert _overfit(model, x, y, lm=False, steps=200) < 0.1, arch
+
+
+@pytest.mark.parametrize("arch,extra", CLASSIFIERS, ids=[f"{a}-{e.get('position', '')}" for a, e in CLASSIFIERS])
+def test_classifier_output_depends_on_every_token(arch, extra):
+    model = build_model(_cfg(arch, head="classifier", num_classes=3, **extra)).double().eval()
+    x = torch.randint(0, 17, (1, 20))
+    base = model(x)
+    for t in range(20):
+        x2 = x.clone()
+        x2[0, t] = (x2[0, t] + 1) % 17
+        assert (model(x2) - base).abs().max() > 0, (arch, t)  # fp64: far tokens matter little at init, never zero
+
+
+def test_xl_relative_attention_matches_brute_force():
+    import math as _m
+
+    from regulargpt.model.xl_relative import XLRelativeAttention
+
+    att = XLRelativeAttention(d_model=12, n_heads=3).double()
+    q, k, v = (torch.randn(2, 3, 9, 4, dtype=torch.float64) for _ in range(3))
+    out = att(q, k, v, memory_mb=1)
+    freqs = [10000.0 ** (-2.0 * i / 12) for i in range(6)]
+    sinus = torch.tensor([[_m.sin(d * f) for f in freqs] + [_m.cos(d * f) for f in freqs] for d in range(9)],
+                         dtype=torch.float64)
+    rel = att.proj(sinus).view(9, 3, 4)  # (Δ, H, Dh)
+    for m in (0, 4, 8):
+        logits = torch.stack([((q[:, :, m] + att.u) * k[:, :, n]).sum(-1) + ((q[:, :, m] + att.v) * rel[m - n]).sum(-1)
+                              for n in range(m + 1)], dim=-1) / 2.0  # sqrt(Dh) = 2
+        want = torch.einsum("bhn,bhnd->bhd", logits.softmax(-1), v[:, :, : m + 1])
+        assert torch.allclose(out[:, :, m], want, atol=1e-12), m
 
 
 # ---------------------------------------------------------------------------- tree mode vs sliding mode
@@ -174,8 +213,10 @@ def test_parameter_count_and_flops_are_reported():
     assert rg.flops_per_token(4096) - rg.flops_per_token(2048) == rg.flops_per_token(2048) - rg.flops_per_token(1024)
 
 
-def test_unsupported_model_combination_is_a_clear_error():
-    with pytest.raises(ValueError, match="architecture='transformer' with head='classifier'"):
-        build_model(_cfg("transformer", head="classifier", num_classes=2))
+def test_impossible_model_combinations_are_config_errors():
+    with pytest.raises(ConfigError, match="head"):
+        build_model(_cfg("rnn", head="lm"))
     with pytest.raises(ConfigError, match="chunk_size"):
         build_model(_cfg("regular_gpt", chunk_size=1))
+    with pytest.raises(ConfigError, match="position"):
+        build_model(_cfg("lstm", "alibi", head="classifier", num_classes=2))

@@ -18,13 +18,14 @@ from regulargpt.model.position import (
     alibi_slopes,
     t5_relative_bucket,
 )
+from regulargpt.model.recurrent import RecurrentClassifier
 from regulargpt.model.regular_gpt import RegularGPT, RegularGPTClassifier
 from regulargpt.model.sliding_dilated import (
     adaptive_depth,
     reference_sliding_dilated_attention,
     sliding_dilated_attention,
 )
-from regulargpt.model.transformer_lm import TransformerLM
+from regulargpt.model.transformer_lm import TransformerClassifier, TransformerLM
 
 __all__ = [
     "adaptive_depth",
@@ -41,6 +42,8 @@ __all__ = [
     "RegularGPT",
     "RegularGPTClassifier",
     "TransformerLM",
+    "TransformerClassifier",
+    "RecurrentClassifier",
     "build_model",
 ]
 
@@ -48,17 +51,17 @@ __all__ = [
 def build_model(cfg: ModelConfig) -> nn.Module:
     """The model a config describes: (architecture, head) → class.
 
-    regular_gpt/lm → RegularGPT, regular_gpt/classifier → RegularGPTClassifier, transformer/lm → TransformerLM.
+    regular_gpt/lm → RegularGPT, regular_gpt/classifier → RegularGPTClassifier, transformer/lm → TransformerLM,
+    transformer/classifier → TransformerClassifier, rnn|lstm/classifier → RecurrentClassifier.
     Every model has ``num_parameters()`` and ``flops_per_token(length)``.
     """
     cfg.validate()
-    key = (cfg.architecture, cfg.head)
     builders: dict[tuple[str, str], type[nn.Module]] = {
         ("regular_gpt", "lm"): RegularGPT,
         ("regular_gpt", "classifier"): RegularGPTClassifier,
         ("transformer", "lm"): TransformerLM,
+        ("transformer", "classifier"): TransformerClassifier,
+        ("rnn", "classifier"): RecurrentClassifier,
+        ("lstm", "classifier"): RecurrentClassifier,
     }
-    if key not in builders:
-        allowed = ", ".join(f"{a}/{h}" for a, h in builders)
-        raise ValueError(f"model: architecture={cfg.architecture!r} with head={cfg.head!r} is not built; have {allowed}")
-    return builders[key](cfg)
+    return builders[(cfg.architecture, cfg.head)](cfg)  # validate() admits exactly these pairs

@@ -1,4 +1,5 @@
-"""Dense causal Transformer language model: the length-extrapolation baselines.
+"""Dense causal Transformer: the language-model baselines (`TransformerLM`) and the formal-language Transformer
+(`TransformerClassifier`, a causal encoder read at the last position).
 
 `position` selects the position signal (see :mod:`regulargpt.model.position`):
 
@@ -6,7 +7,8 @@
 * sinusoidal    x_t += [sin(t·ω) | cos(t·ω)] at the input;
 * learned       x_t += P[t], t < max_positions (longer inputs are an error);
 * rope          q, k rotated by position (RoPE);
-* alibi, t5, kerple_log, kerple_power: an additive bias b_h(m − n) on the attention logits.
+* alibi, t5, kerple_log, kerple_power: an additive bias b_h(m − n) on the attention logits;
+* xl_relative   Transformer-XL relative logits (q + u)·k + (q + v)·r_{m−n}.
 """
 
 from __future__ import annotations
@@ -24,19 +26,20 @@ from regulargpt.model.position import (
     T5Bias,
     sinusoidal_table,
 )
+from regulargpt.model.xl_relative import XLRelativeAttention
 
-__all__ = ["TransformerLM"]
+__all__ = ["TransformerLM", "TransformerClassifier"]
 
 
-class TransformerLM(nn.Module):
-    """tokens (B, T) → next-token logits (B, T, vocab); `n_layers` distinct dense causal layers."""
+class _DenseTransformer(nn.Module):
+    """Embedding, `n_layers` distinct dense causal layers with the configured position signal, and a head."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, out_features: int) -> None:
         super().__init__()
         self.config = cfg
         self.embed = TokenEmbedding(cfg)
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_layers))
-        self.head = OutputHead(cfg, cfg.vocab_size, tied=self.embed.table if cfg.tie_embeddings else None)
+        self.head = OutputHead(cfg, out_features, tied=self.embed.table if cfg.tie_embeddings else None)
         self.learned_positions = (
             LearnedPositions(cfg.max_positions, cfg.d_model, cfg.init_std) if cfg.position == "learned" else None
         )
@@ -49,14 +52,18 @@ class TransformerLM(nn.Module):
             self.bias = T5Bias(cfg.n_heads, cfg.t5_num_buckets, cfg.t5_max_distance, cfg.init_std)
         elif cfg.position in ATTENTION_BIASES:
             self.bias = ATTENTION_BIASES[cfg.position](cfg.n_heads)
+        self.xl = XLRelativeAttention(cfg.d_model, cfg.n_heads, cfg.init_std) if cfg.position == "xl_relative" else None
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.xl is not None:
+            return self.xl(q, k, v, self.config.attention_memory_mb)
         if self.rotary is not None:
             positions = torch.arange(q.shape[2], device=q.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         return causal_attention(q, k, v, self.bias, self.config.attention_memory_mb)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def encode(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) → final hidden states (B, T, d), before the head."""
         t = tokens.shape[1]
         x = self.embed(tokens)
         if self.config.position == "sinusoidal":
@@ -65,7 +72,7 @@ class TransformerLM(nn.Module):
             x = x + self.learned_positions(t).to(x.dtype)
         for layer in self.layers:
             x = layer(x, self._attend)
-        return self.head(x)
+        return x
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -77,4 +84,25 @@ class TransformerLM(nn.Module):
         cfg = self.config
         d = cfg.d_model
         per_layer = 2 * (4 * d * d + 2 * cfg.ffn_mult * d * d) + 4 * d * (length + 1) // 2
-        return 3 * (cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)
+        return 3 * (cfg.n_layers * per_layer + 2 * d * self.head.proj.out_features)
+
+
+class TransformerLM(_DenseTransformer):
+    """tokens (B, T) → next-token logits (B, T, vocab)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg, cfg.vocab_size)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.head(self.encode(tokens))
+
+
+class TransformerClassifier(_DenseTransformer):
+    """tokens (B, T) → class logits (B, num_classes), read at the last position of a causal encoder (which sees the
+    whole input there)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg, cfg.num_classes)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.head(self.encode(tokens)[:, -1])

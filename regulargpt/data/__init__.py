@@ -1,0 +1,25 @@
+"""Data: corpora → sentencepiece tokenizer → flat token shards + manifest, and reading them for training/evaluation.
+
+Build a folder with `python data_prep/prepare.py --source python-stdlib --out data/stdlib` (see docs/DATA.md), then:
+
+    from regulargpt.data import open_split, WindowSampler, iter_windows
+    train = open_split("data/stdlib", "train", vocab_size=8000)
+    batch = WindowSampler(train, seq_len=512, micro_batch_size=8, seed=0).batch(step=0)  # (8, 513)
+"""
+from regulargpt.data.sampler import WindowSampler, iter_windows
+from regulargpt.data.shards import TokenSplit, load_manifest, open_split, prepare
+from regulargpt.data.sources import DataError, resolve_source
+from regulargpt.data.tokenizer import Tokenizer, train_tokenizer
+
+__all__ = [
+    "DataError",
+    "Tokenizer",
+    "TokenSplit",
+    "WindowSampler",
+    "iter_windows",
+    "load_manifest",
+    "open_split",
+    "prepare",
+    "resolve_source",
+    "train_tokenizer",
+]

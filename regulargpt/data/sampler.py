@@ -1,0 +1,106 @@
+"""Reading token splits for training (random windows, resumable from the step alone) and evaluation (chunks).
+
+Example:
+
+    split = open_split("data/stdlib", "train")
+    sampler = WindowSampler(split, seq_len=512, micro_batch_size=8, seed=1234, rank=0, world_size=2)
+    batch = sampler.batch(step=10, micro_step=0)  # (8, 513) int64
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from regulargpt.data.shards import TokenSplit
+from regulargpt.data.sources import DataError
+
+if TYPE_CHECKING:
+    import torch
+
+
+class WindowSampler:
+    """Random windows of `seq_len + 1` tokens, drawn independently for every (seed, step, micro_step, rank).
+
+    The start offsets of `batch(step, micro_step)` are `np.random.default_rng([seed, step, micro_step, rank])
+    .integers(0, len(split) - seq_len, micro_batch_size)`: the data order is reproducible, independent per rank,
+    and a resumed run continues exactly without any state beyond the step (`state_dict` only checks settings).
+    Windows may cross document boundaries (each document ends with the eos id); draws are with replacement.
+
+    Example:
+
+        s = WindowSampler(split, seq_len=4, micro_batch_size=2, seed=0)
+        s.batch(0).shape  # torch.Size([2, 5])
+    """
+
+    def __init__(self, split: TokenSplit, seq_len: int, micro_batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1) -> None:
+        if seq_len < 1 or micro_batch_size < 1:
+            raise DataError(f"WindowSampler: seq_len {seq_len} and micro_batch_size {micro_batch_size} must be >= 1")
+        if not 0 <= rank < world_size:
+            raise DataError(f"WindowSampler: rank {rank} is not in [0, world_size={world_size})")
+        if seed < 0:
+            raise DataError(f"WindowSampler: seed {seed} must be >= 0")
+        if len(split) < seq_len + 1:
+            raise DataError(f"split {split.name!r} of {split.data_dir} has {len(split)} tokens, fewer than "
+                            f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data")
+        self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.consumed_steps = 0
+
+    def starts(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """Start offsets (micro_batch_size,) of the windows of one micro-batch."""
+        if step < 0 or micro_step < 0:
+            raise DataError(f"WindowSampler: step {step} and micro_step {micro_step} must be >= 0")
+        rng = np.random.default_rng([self.seed, step, micro_step, self.rank])
+        return rng.integers(0, len(self.split) - self.seq_len, size=self.micro_batch_size)
+
+    def batch(self, step: int, micro_step: int = 0) -> torch.Tensor:
+        """LongTensor (micro_batch_size, seq_len + 1): inputs are `[:, :-1]`, next-token targets `[:, 1:]`."""
+        import torch  # here, so that `import regulargpt.data` (and data_prep) does not pay for torch
+
+        tokens, n = self.split.tokens, self.seq_len + 1
+        rows = np.stack([np.asarray(tokens[s:s + n]) for s in self.starts(step, micro_step)])  # (B, T+1)
+        self.consumed_steps = max(self.consumed_steps, step + 1)
+        return torch.from_numpy(rows.astype(np.int64))
+
+    def state_dict(self) -> dict[str, int]:
+        """Settings that define the data order, plus `consumed_steps` (1 + the highest step served) for information."""
+        return {"seed": self.seed, "seq_len": self.seq_len, "micro_batch_size": self.micro_batch_size,
+                "rank": self.rank, "world_size": self.world_size, "consumed_steps": self.consumed_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Check that a resumed run uses the same settings (DataError naming the key otherwise).
+
+        `rank` is not compared: the state holds nothing per rank, so every rank may load rank 0's copy.
+        """
+        mine = self.state_dict()
+        for key in ("seed", "seq_len", "micro_batch_size", "world_size"):
+            if key not in state:
+                raise DataError(f"sampler state has no {key!r} (expected keys {sorted(mine)})")
+            if state[key] != mine[key]:
+                raise DataError(f"resume mismatch: the checkpoint's sampler has {key}={state[key]!r}, this run has "
+                                f"{key}={mine[key]!r}; resume with the same {key} (or start a new run directory)")
+        self.consumed_steps = int(state.get("consumed_steps", 0))
+
+
+def iter_windows(split: TokenSplit, length: int, max_tokens: int | None = None) -> Iterator[np.ndarray]:
+    """Consecutive non-overlapping evaluation windows of `length + 1` tokens (int64 arrays).
+
+    Window i covers tokens [i*length, (i+1)*length], both ends included: `w[:-1]` are the inputs and `w[1:]` the
+    targets, so each token after position 0 is predicted exactly once. There are `(len(split) - 1) // length`
+    windows (a shorter tail is dropped), or `max_tokens // length` if that is smaller.
+
+    Example (a split holding the tokens 0, 1, ..., 9):
+
+        [w.tolist() for w in iter_windows(split, length=4)]  # [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
+    """
+    if length < 1:
+        raise DataError(f"iter_windows: length {length} must be >= 1")
+    count = (len(split) - 1) // length
+    if max_tokens is not None:
+        count = min(count, max_tokens // length)
+    for i in range(count):
+        yield np.asarray(split.tokens[i * length:(i + 1) * length + 1], dtype=np.int64)
