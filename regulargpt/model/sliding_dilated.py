@@ -91,32 +91,74 @@ def _score_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+class _ShiftBand(torch.autograd.Function):
+    """Width-C causal band by shift-and-accumulate with a hand-written backward.
+
+    Inputs are folded: q (B, H, D, N, Dh); k_ext, v_ext (B, H, D, C−1+N, Dh) with folded key n−j at index n+C−1−j.
+    Forward:  S_j = q·k_j·scale + r_j (masked where n−j < 0 in mask mode), P = softmax_j(S), out = Σ_j P_j v_j.
+    Backward: dP_j = dout·v_j, dS = P ⊙ (dP − Σ_j P_j dP_j), dq = Σ_j dS_j k_j·scale, dk_j += dS_j q·scale,
+    dv_j += P_j dout, dr_j = Σ dS_j. Every step is one fused pass per offset j (vecdot / addcmul_), with no
+    per-offset zero-filled gradient buffers as autograd's slice backward would make.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k_ext: Tensor, v_ext: Tensor, bias: Tensor,  # type: ignore[override]
+                invisible: Tensor | None, scale: float) -> Tensor:
+        c, n = bias.shape[1], q.shape[3]
+        scores = torch.empty(*q.shape[:4], c, dtype=bias.dtype, device=q.device)  # (B, H, D, N, C)
+        for j in range(c):
+            scores[..., j] = torch.linalg.vecdot(q, k_ext[:, :, :, c - 1 - j: c - 1 - j + n])
+        scores = scores * scale + bias[None, :, None, None, :]
+        if invisible is not None:
+            scores.masked_fill_(invisible, float("-inf"))
+        probs = scores.softmax(-1)
+        probs_v = probs.to(v_ext.dtype)
+        out = probs_v[..., 0, None] * v_ext[:, :, :, c - 1:]
+        for j in range(1, c):
+            out.addcmul_(probs_v[..., j, None], v_ext[:, :, :, c - 1 - j: c - 1 - j + n])
+        ctx.save_for_backward(q, k_ext, v_ext, probs)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
+        q, k_ext, v_ext, probs = ctx.saved_tensors
+        c, n = probs.shape[-1], q.shape[3]
+        dprobs = torch.empty_like(probs)
+        for j in range(c):
+            dprobs[..., j] = torch.linalg.vecdot(dout, v_ext[:, :, :, c - 1 - j: c - 1 - j + n])
+        dscores = probs * (dprobs - (probs * dprobs).sum(-1, keepdim=True))  # softmax backward, (B, H, D, N, C)
+        dbias = dscores.sum(dim=(0, 2, 3))  # (H, C)
+        dscaled = (dscores * ctx.scale).to(q.dtype)
+        probs_v = probs.to(v_ext.dtype)
+        # offset j = 0 covers every non-pad row: write it, zero only the C−1 pad rows, then accumulate j >= 1
+        dq = dscaled[..., 0, None] * k_ext[:, :, :, c - 1:]
+        dk_ext = torch.cat([k_ext.new_zeros(*k_ext.shape[:3], c - 1, k_ext.shape[4]), dscaled[..., 0, None] * q], dim=3)
+        dv_ext = torch.cat([v_ext.new_zeros(*v_ext.shape[:3], c - 1, v_ext.shape[4]), probs_v[..., 0, None] * dout], dim=3)
+        for j in range(1, c):
+            window = slice(c - 1 - j, c - 1 - j + n)
+            dq.addcmul_(dscaled[..., j, None], k_ext[:, :, :, window])
+            dk_ext[:, :, :, window].addcmul_(dscaled[..., j, None], q)
+            dv_ext[:, :, :, window].addcmul_(probs_v[..., j, None], dout)
+        return dq, dk_ext, dv_ext, dbias, None, None
+
+
 def _band_shift(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None, pad_v: Tensor | None) -> Tensor:
     """Causal band of width C over the last-but-one axis by shift-and-accumulate. q, k, v: (B, H, D, N, Dh)."""
     b, h, d, n, dh = q.shape
-    sdt = _score_dtype(q)
     c = rel_bias.shape[1]
-    scale = 1.0 / math.sqrt(dh)
     if pad_k is not None:
         fill_k = pad_k[:, :, None, None, :].expand(b, h, d, c - 1, dh)
         fill_v = pad_v[:, :, None, None, :].expand(b, h, d, c - 1, dh)
+        invisible = None
     else:
         fill_k = fill_v = q.new_zeros(b, h, d, c - 1, dh)
-    k_ext = torch.cat([fill_k, k], dim=3)  # (B, H, D, C-1+N, Dh): folded key n-j sits at n+C-1-j
-    v_ext = torch.cat([fill_v, v], dim=3)
-    scores = torch.stack(
-        [(q * k_ext[:, :, :, c - 1 - j: c - 1 - j + n]).sum(-1) for j in range(c)], dim=-1
-    )  # (B, H, D, N, C)
-    scores = scores.to(sdt) * scale + rel_bias.to(sdt)[None, :, None, None, :]
-    if pad_k is None:
         idx = torch.arange(n, device=q.device)
-        invisible = idx[:, None] < torch.arange(c, device=q.device)[None, :]  # (N, C): key n-j < 0
-        scores = scores.masked_fill(invisible, float("-inf"))
-    probs = scores.softmax(-1).to(v.dtype)  # (B, H, D, N, C)
-    out = probs[..., 0, None] * v_ext[:, :, :, c - 1: c - 1 + n]
-    for j in range(1, c):
-        out = out + probs[..., j, None] * v_ext[:, :, :, c - 1 - j: c - 1 - j + n]
-    return out
+        invisible = idx[:, None] < torch.arange(c, device=q.device)[None, :]  # (N, C): key n−j < 0
+    k_ext = torch.cat([fill_k, k], dim=3)  # (B, H, D, C−1+N, Dh): folded key n−j sits at n+C−1−j
+    v_ext = torch.cat([fill_v, v], dim=3)
+    return _ShiftBand.apply(q, k_ext, v_ext, rel_bias.to(_score_dtype(q)), invisible, 1.0 / math.sqrt(dh))
 
 
 def _band_blocked(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None, pad_v: Tensor | None) -> Tensor:
