@@ -38,10 +38,19 @@ class TransformerLayer(nn.Module):
         self.act: Callable[[Tensor], Tensor] = F.gelu if cfg.activation == "gelu" else F.relu
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        b, t, d = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads)  # (B, T, 3, H, Dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
+    def _split_heads(self, x: Tensor, parts: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, parts, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # (parts, B, H, T, Dh)
+
+    def _heads(self, x: Tensor, keep: slice | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v, each (B, H, ·, Dh); with `keep`, queries only for the positions x[:, keep]."""
+        if keep is None:
+            q, k, v = self._split_heads(self.qkv(x), 3).unbind(0)
+            return q, k, v
+        d = x.shape[-1]
+        w, bias = self.qkv.weight, self.qkv.bias
+        q = self._split_heads(F.linear(x[:, keep], w[:d], None if bias is None else bias[:d]), 1)[0]
+        k, v = self._split_heads(F.linear(x, w[d:], None if bias is None else bias[d:]), 2).unbind(0)
         return q, k, v
 
     def key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -49,21 +58,24 @@ class TransformerLayer(nn.Module):
         _, k, v = self._heads(self.norm1(x) if self.pre_norm else x)
         return k, v
 
-    def attention(self, x: Tensor, attend: AttendFn) -> Tensor:
-        q, k, v = self._heads(x)
-        a = attend(q, k, v)  # (B, H, T, Dh)
+    def attention(self, x: Tensor, attend: AttendFn, keep: slice | None = None) -> Tensor:
+        q, k, v = self._heads(x, keep)
+        a = attend(q, k, v)  # (B, H, Tq, Dh)
         b, h, t, dh = a.shape
         return self.drop(self.out(a.transpose(1, 2).reshape(b, t, h * dh)))
 
     def feed_forward(self, x: Tensor) -> Tensor:
         return self.drop(self.ffn_out(self.act(self.ffn_in(x))))
 
-    def forward(self, x: Tensor, attend: AttendFn) -> Tensor:
+    def forward(self, x: Tensor, attend: AttendFn, keep: slice | None = None) -> Tensor:
+        """(B, T, d) → (B, T, d); with `keep`, only the rows x[:, keep] are computed (queries there, keys everywhere),
+        and `attend` receives q for those rows only."""
+        rows = x if keep is None else x[:, keep]
         if self.pre_norm:
-            x = x + self.attention(self.norm1(x), attend)
-            return x + self.feed_forward(self.norm2(x))
-        x = self.norm1(x + self.attention(x, attend))
-        return self.norm2(x + self.feed_forward(x))
+            rows = rows + self.attention(self.norm1(x), attend, keep)
+            return rows + self.feed_forward(self.norm2(rows))
+        rows = self.norm1(rows + self.attention(x, attend, keep))
+        return self.norm2(rows + self.feed_forward(rows))
 
     def parameters_per_application(self) -> int:
         return sum(p.numel() for p in self.parameters())

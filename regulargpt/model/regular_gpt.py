@@ -16,7 +16,8 @@ Two execution modes over the same weights:
 * tree (classification, the authors' formulation): at each step run the K sub-layers at the current resolution
   (dilation 1), then keep positions T'−1, T'−1−C, … (the last of each chunk). Out-of-range keys read the pad state,
   which is exactly what left-padding with p to a multiple of C gives. After L steps one position is left.
-  Work is geometric: O(T·C·d·K) in total.
+  Work is geometric: O(T·C·d·K) in total. With K = 1 only the kept positions are computed: each attends to its
+  own chunk of C keys (:func:`chunk_attention`), so queries, output projection and FFN run on T/C rows per step.
 
 The last position of sliding mode equals the tree-mode output (tested).
 
@@ -27,6 +28,8 @@ the pads behind them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -34,7 +37,35 @@ from regulargpt.config import ModelConfig
 from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
 from regulargpt.model.sliding_dilated import adaptive_depth, sliding_dilated_attention
 
-__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier"]
+__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention"]
+
+
+def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None,
+                    pad_v: Tensor | None) -> Tensor:
+    """Attention of the last position of every chunk to its own chunk (tree mode, K = 1).
+
+    k, v: (B, H, t, Dh) at the current resolution; q: (B, H, ceil(t/C), Dh) for positions t−1−iC (ascending). The
+    sequence is left-padded to a multiple of C with the pad key/value (or masked slots when pads are None); chunk i's
+    slot w holds the key at offset j = C−1−w from its query, with logit q·k/sqrt(Dh) + r[h, j]. Equals
+    sliding-dilated attention at dilation 1 evaluated at the kept positions.
+    """
+    b, h, t, dh = k.shape
+    c = rel_bias.shape[1]
+    nc = q.shape[2]
+    left = nc * c - t
+    sdt = torch.promote_types(q.dtype, torch.float32)
+    if left:
+        fill_k = pad_k[:, :, None].expand(b, h, left, dh) if pad_k is not None else k.new_zeros(b, h, left, dh)
+        fill_v = pad_v[:, :, None].expand(b, h, left, dh) if pad_v is not None else v.new_zeros(b, h, left, dh)
+        k, v = torch.cat([fill_k, k], dim=2), torch.cat([fill_v, v], dim=2)
+    kc, vc = k.view(b, h, nc, c, dh), v.view(b, h, nc, c, dh)  # (B, H, nc, C, Dh)
+    scores = torch.einsum("bhnd,bhncd->bhnc", q, kc).to(sdt) / math.sqrt(dh)
+    scores = scores + rel_bias.to(sdt).flip(-1)[None, :, None, :]  # slot w ↔ offset C−1−w
+    if pad_k is None and left:
+        masked = torch.zeros(nc, c, dtype=torch.bool, device=q.device)
+        masked[0, :left] = True
+        scores = scores.masked_fill(masked, float("-inf"))
+    return torch.einsum("bhnc,bhncd->bhnd", scores.softmax(-1).to(v.dtype), vc)
 
 
 class _SlidingDilatedLayer(nn.Module):
@@ -87,12 +118,24 @@ class RegularGPTStack(nn.Module):
 
     def tree(self, x: Tensor) -> Tensor:
         """(B, T, d) → (B, d): the state of the last position, computing only the positions that feed it."""
+        c = self.chunk_size
         for _ in range(self.depth(x.shape[1])):
-            x = self._step(x, 1)
-            t = x.shape[1]
-            x = x[:, (t - 1) % self.chunk_size:: self.chunk_size]  # keep t−1, t−1−C, …  (B, ceil(t/C), d)
+            keep = slice((x.shape[1] - 1) % c, None, c)  # positions t−1, t−1−C, …  → (B, ceil(t/C), d)
+            if self.thickness == 1:
+                x = self._kept_only(x, keep)
+            else:
+                x = self._step(x, 1)[:, keep]
         assert x.shape[1] == 1, "adaptive depth must reduce the sequence to one position"
         return x[:, 0]
+
+    def _kept_only(self, x: Tensor, keep: slice) -> Tensor:
+        """One depth step of a K = 1 stack computed at the kept positions only."""
+        sub = self.sublayers[0]
+        pad_k = pad_v = None
+        if self.pad is not None:
+            pk, pv = sub.layer.key_value(self.pad.view(1, 1, -1))  # (1, H, 1, Dh)
+            pad_k, pad_v = pk[:, :, 0].expand(x.shape[0], -1, -1), pv[:, :, 0].expand(x.shape[0], -1, -1)
+        return sub.layer(x, lambda q, k, v: chunk_attention(q, k, v, sub.rel_bias, pad_k, pad_v), keep)
 
     def layer_parameters(self) -> int:
         """Parameters used by one layer application (one sub-layer), incl. its window scalars."""
