@@ -427,7 +427,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """
     path = Path(path)
     raw = _load_raw(path)
-    raw = apply_overrides(raw, overrides or [])
+    try:
+        raw = apply_overrides(raw, overrides or [])
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     return load_config_dict(raw, source=str(path))
 
 
