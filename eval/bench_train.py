@@ -1,0 +1,144 @@
+"""Benchmark: training tokens/s, MFU and peak RSS of RegularGPT against the dense baselines.
+
+Each config runs in a fresh subprocess: build the model from the config, then `--steps` timed optimizer steps
+(forward, backward, AdamW) on random tokens of the config's training length, after `--warmup` untimed steps. MFU =
+flops_per_token(T) × tokens/s ÷ peak, with the peak FLOP/s measured here by a 2048² matmul in the same dtype.
+RegularGPT (K·ceil(log_C T) layer applications) is compared with baselines of the same number of layer applications.
+
+    python eval/bench_train.py --out results/bench_train.md
+    python eval/bench_train.py --configs configs/tiny/regular_gpt.json,configs/tiny/alibi.json --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import git_commit, machine  # noqa: E402  (sibling script)
+
+from regulargpt.config import load_config  # noqa: E402
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys, time, torch
+    import torch.nn.functional as F
+    from regulargpt.config import load_config
+    from regulargpt.model import build_model, adaptive_depth
+    path, steps, warmup, batch, threads, dtype = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
+    overrides = json.loads(sys.argv[7])
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = load_config(path, overrides)
+    model = build_model(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    t, vocab = cfg.data.seq_len, cfg.model.vocab_size
+    amp = dtype == "bf16"
+    def status_kib(field):
+        return int(next(l for l in open("/proc/self/status") if l.startswith(field + ":")).split()[1])
+    def step():
+        tokens = torch.randint(0, vocab, (batch, t + 1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = (time.perf_counter() - start) / steps
+    a = torch.randn(2048, 2048, dtype=torch.bfloat16 if amp else torch.float32)
+    a @ a
+    begin = time.perf_counter()
+    for _ in range(3):
+        a @ a
+    peak = 3 * 2 * 2048**3 / (time.perf_counter() - begin)
+    m = cfg.model
+    apps = m.thickness * adaptive_depth(t, m.chunk_size) if m.architecture == "regular_gpt" else m.n_layers
+    tok_s = batch * t / seconds
+    print(json.dumps({"config": path + "".join(" --set " + o for o in overrides), "model": m.architecture + ("" if m.architecture == "regular_gpt" else "/" + m.position),
+                      "T": t, "batch": batch, "layer_applications": apps, "params": model.num_parameters(),
+                      "step_s": seconds, "tokens_per_s": tok_s, "mfu": model.flops_per_token(t) * tok_s / peak,
+                      "peak_gflops": peak / 1e9, "peak_rss_mib": status_kib("VmHWM") / 1024}))
+    """
+)
+
+TINY = ",".join(f"configs/tiny/{n}.json" for n in
+                ("regular_gpt", "alibi", "t5", "kerple_log", "kerple_power", "rope", "nope", "sinusoidal"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default=TINY + ",configs/base.json,configs/baselines/alibi.json",
+                        help="comma-separated config files (default: every tiny config, then base + ALiBi)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per config (default: 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per step for tiny configs (default: 8)")
+    parser.add_argument("--base-batch", type=int, default=1, help="sequences per step for configs with d >= 512")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16", help="autocast dtype (default: bf16)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_train.md"))
+    args = parser.parse_args()
+
+    rows: list[dict] = []
+
+    def run(path: str, overrides: list[str]) -> dict | None:
+        big = load_config(path).model.d_model >= 512
+        batch = args.base_batch if big else args.batch
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        cmd = [sys.executable, "-c", _WORKER, path, str(args.steps), str(args.warmup), str(batch), str(args.threads),
+               args.dtype, json.dumps(overrides)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            print(f"{path}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return None
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        return row
+
+    for path in args.configs.split(","):
+        row = run(path, [])
+        if row and row["model"] == "regular_gpt":  # the ALiBi model with the same number of layer applications
+            run(path, ["model.architecture=transformer", "model.position=alibi",
+                       f"model.n_layers={row['layer_applications']}"])
+
+    def ratio_to(row: dict, baseline: str) -> str:
+        ref = next((r for r in rows if r["model"] == baseline and r["T"] == row["T"]
+                    and r["layer_applications"] == row["layer_applications"]), None)
+        return f"{row['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "-"
+
+    lines = [
+        f"# Training throughput ({args.dtype} autocast, AdamW, plain torch step)",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`  ",
+        f"Git commit: {git_commit()}  ",
+        f"Machine: {machine()}, torch threads {args.threads}  ",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+        f"{args.steps} timed steps after {args.warmup} warm-up steps, random tokens. MFU against the matmul peak "
+        "measured in the same process and dtype. 'vs ALiBi' = tokens/s ratio to the ALiBi model with the same T and "
+        "number of layer applications.",
+        "",
+        "| config | model | T | batch | layer applications | params | step (s) | tokens/s | MFU | peak RSS (MiB) | vs ALiBi |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['model']} | {r['T']} | {r['batch']} | {r['layer_applications']} | "
+                     f"{r['params'] / 1e6:.2f}M | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
+                     f"{r['peak_rss_mib']:.0f} | {ratio_to(r, 'transformer/alibi')} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
