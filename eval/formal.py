@@ -1,0 +1,117 @@
+"""Formal-language length extrapolation: range evaluation, sweeps, and the Table 1 / Table 2 reports.
+
+Subcommands (each resumable; rerun the same command to continue)::
+
+    # accuracy at every length 1..500 (512 sequences each) of one trained run; prints the score over 41..500
+    python eval/formal.py range --run runs/parity-c2 --out runs/parity-c2/range.jsonl
+    python eval/formal.py range --run runs/parity-c2 --p-one 0.3 --lengths 1-40,41-500:20 --out /tmp/p03.jsonl
+
+    # tasks x models x seeds x learning rates, trained and evaluated under a profile (configs/formal/profiles/)
+    python eval/formal.py sweep --profile quick --out results/formal/runs
+    python eval/formal.py sweep --profile paper --tasks parity_check --models regular_gpt_c2 --seeds 0 1 --lrs 3e-4
+
+    # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs
+    python eval/formal.py aggregate --runs results/formal/runs --profile quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from regulargpt.checkpoint import load_model_file
+from regulargpt.config import ConfigError
+from regulargpt.evaluation.formal import parse_lengths, range_evaluate, range_score
+from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
+from regulargpt.evaluation.formal_tables import write_tables
+from regulargpt.tasks import make_task
+from regulargpt.train.formal import MODEL_FILE
+
+
+def cmd_range(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    cfg, model, _ = load_model_file(Path(args.run) / MODEL_FILE)
+    options = dict(cfg.data.task_options)
+    if args.p_one is not None:
+        options["p_one"] = args.p_one
+    task = make_task(cfg.data.task, **options)
+    max_length = args.max_length or cfg.eval.max_length
+    samples = args.samples or cfg.eval.samples_per_length
+    rows = range_evaluate(model, task, parse_lengths(args.lengths, max_length), samples, args.out,
+                          progress=cfg.logging.progress)
+    lo = cfg.eval.score_min_length
+    scored = [t for t in rows if lo <= t <= max_length]
+    print(f"score (mean accuracy over {len(scored)} evaluated lengths in {lo}..{max_length}, {samples} sequences "
+          f"each): {range_score(rows, lo, max_length):.4f}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile, args.configs)
+    specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=args.tasks, models=args.models,
+                      seeds=args.seeds, lrs=args.lrs, sets=args.set)
+    print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
+          f"thread(s))", flush=True)
+    results = run_sweep(specs, workers=args.workers, threads=args.threads)
+    failed = [r for r in results if r["error"]]
+    print(f"done: {len(results) - len(failed)} runs finished now, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile, args.configs)
+    paths = write_tables(args.runs, profile.name, args.out_dir, tasks=profile.tasks, models=profile.models,
+                         table2_task=profile.table2_task, table2_p_one=profile.table2_p_one,
+                         command=["python", "eval/formal.py", *sys.argv[1:]])
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("range", help="per-length accuracy of one run (JSONL), and its score")
+    p.add_argument("--run", required=True, help="run directory holding model.pt, e.g. runs/parity-c2")
+    p.add_argument("--out", required=True, help="JSONL file; lengths already in it are skipped, e.g. DIR/range.jsonl")
+    p.add_argument("--max-length", type=int, default=0, help="longest length (0 = the run's eval.max_length, 500)")
+    p.add_argument("--samples", type=int, default=0, help="sequences per length (0 = eval.samples_per_length, 512)")
+    p.add_argument("--lengths", default="", help="length spec, e.g. 1-40,41-500:20 (default: every length)")
+    p.add_argument("--p-one", type=float, default=None, help="parity_check: evaluate at this P(1), e.g. 0.3")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.set_defaults(func=cmd_range)
+
+    p = sub.add_parser("sweep", help="train + range-evaluate tasks x models x seeds x lrs (skips finished runs)")
+    p.add_argument("--profile", required=True, help="profile name (configs/formal/profiles/NAME.json) or path")
+    p.add_argument("--out", default="results/formal/runs", help="runs folder (default results/formal/runs)")
+    p.add_argument("--tasks", nargs="+", help="task configs, e.g. parity_check even_pairs (default: the profile's)")
+    p.add_argument("--models", nargs="+", help="model presets, e.g. regular_gpt_c2 lstm (default: the profile's)")
+    p.add_argument("--seeds", nargs="+", type=int, help="seeds, e.g. 0 1 2 (default: the profile's)")
+    p.add_argument("--lrs", nargs="+", type=float, help="learning rates for every run, e.g. 1e-3 (default: profile)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every run, e.g. --set train.log_every=50 (repeatable)")
+    p.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
+    p.add_argument("--runs", default="results/formal/runs", help="runs folder of the sweep")
+    p.add_argument("--profile", required=True, help="profile whose runs are tabulated, e.g. quick")
+    p.add_argument("--out-dir", default="results/formal", help="where the tables go (default results/formal)")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_aggregate)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

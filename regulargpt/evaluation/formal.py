@@ -1,0 +1,123 @@
+"""Range evaluation of a formal-language classifier: accuracy at every test length, and the extrapolation score.
+
+Protocol (RegularGPT's released code, after Deletang et al. 2023): for each length T in 1..max (500; Tomita 100),
+draw ``samples`` (512) fresh strings of length T from the task, classify them with the model in eval mode (dropout
+off) under ``torch.no_grad``, and record the accuracy. The score is the mean per-length accuracy over the lengths
+``min_length..max_length`` (41..500: every length longer than the training lengths 1..40)::
+
+    score = mean_{T in lengths, min_length <= T <= max_length} accuracy(T)
+
+The authors' slice ``np.mean(accuracies[41:])`` averages 42..500 (it leaves out length 41); we include 41.
+
+Data: the strings of length T come from a generator seeded with ``SeedSequence(EVAL_SEED, spawn_key=(T,))``, so every
+model sees the same strings at each length, independent of the training seeds and of which lengths are evaluated.
+
+Output: one JSONL row per length, written as soon as the length is done, e.g.
+``{"length": 41, "input_length": 41, "accuracy": 0.998046875, "n": 512}`` (``input_length`` differs from
+``length`` only where the task says so: modular arithmetic keeps expressions odd). Rerunning with the same file
+skips the lengths already present.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from regulargpt.tasks import Task
+
+__all__ = ["EVAL_SEED", "missing_lengths", "parse_lengths", "range_evaluate", "range_score", "read_rows"]
+
+EVAL_SEED = 1_000_003  # base seed of the evaluation strings (not a training seed: those are small integers)
+
+
+def parse_lengths(spec: str, max_length: int) -> list[int]:
+    """Lengths from a spec of comma-separated items ``N``, ``A-B`` or ``A-B:S`` (step S), clipped to 1..max_length.
+
+    An empty spec means every length 1..max_length. Examples (max 500): ``"1-40,41-500:20"`` → 1..40, 41, 61, …,
+    481; ``"1-40,41-500:20,500"`` adds 500; ``"1-40,41-500:51"`` → 1..40 and ten lengths 41, 92, …, 500.
+    The result is sorted, without duplicates.
+    """
+    if not spec.strip():
+        return list(range(1, max_length + 1))
+    out: set[int] = set()
+    for item in spec.split(","):
+        item = item.strip()
+        try:
+            span, _, step = item.partition(":")
+            lo, _, hi = span.partition("-")
+            first, last, stride = int(lo), int(hi or lo), int(step or 1)
+        except ValueError:
+            raise ValueError(f"length spec {spec!r}: bad item {item!r}; expected N, A-B or A-B:S") from None
+        if first < 1 or last < first or stride < 1:
+            raise ValueError(f"length spec {spec!r}: bad item {item!r}; need 1 <= A <= B and S >= 1")
+        out.update(t for t in range(first, last + 1, stride) if t <= max_length)
+    if not out:
+        raise ValueError(f"length spec {spec!r} selects no length in 1..{max_length}")
+    return sorted(out)
+
+
+def read_rows(path: str | Path) -> dict[int, dict[str, float]]:
+    """The rows of a range-evaluation JSONL file keyed by length ({} if the file does not exist)."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {int(row["length"]): row for row in rows}
+
+
+def missing_lengths(path: str | Path, lengths: Iterable[int], samples: int) -> list[int]:
+    """The lengths still to evaluate in `path`; rows with a different sample count are an error (never mixed)."""
+    rows = read_rows(path)
+    for length, row in rows.items():
+        if row["n"] != samples:
+            raise ValueError(f"{path}: length {length} was evaluated with n={row['n']} samples, not {samples}; "
+                             "write to another file")
+    return [t for t in lengths if t not in rows]
+
+
+@torch.no_grad()
+def range_evaluate(
+    model: nn.Module,
+    task: Task,
+    lengths: Iterable[int],
+    samples: int,
+    out_path: str | Path,
+    *,
+    batch_tokens: int = 16384,
+    progress: bool = True,
+) -> dict[int, dict[str, float]]:
+    """Evaluate `model` on `samples` strings at each length not yet in `out_path`; returns all rows of the file.
+
+    The model is put in eval mode (and left there). Strings are classified in sub-batches of at most
+    ``max(1, batch_tokens // T)`` sequences; the accuracy is exact (correct / samples).
+    """
+    out_path = Path(out_path)
+    todo = missing_lengths(out_path, lengths, samples)
+    model.eval()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("a") as handle:
+        for length in tqdm(todo, desc=f"range {task.name}", disable=not progress, dynamic_ncols=True):
+            seed = int(np.random.SeedSequence(EVAL_SEED, spawn_key=(length,)).generate_state(1)[0])
+            generator = torch.Generator().manual_seed(seed)
+            inputs, labels = task.sample(samples, length, generator)  # (N, T'), (N,)
+            chunk = max(1, batch_tokens // inputs.shape[1])
+            correct = sum(int((model(x).argmax(dim=-1) == y).sum())
+                          for x, y in zip(inputs.split(chunk), labels.split(chunk)))
+            row = {"length": length, "input_length": inputs.shape[1], "accuracy": correct / samples, "n": samples}
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+    return read_rows(out_path)
+
+
+def range_score(rows: dict[int, dict[str, float]], min_length: int, max_length: int) -> float:
+    """Mean accuracy over the evaluated lengths in min_length..max_length (inclusive); an error if there are none."""
+    picked = [row["accuracy"] for length, row in rows.items() if min_length <= length <= max_length]
+    if not picked:
+        raise ValueError(f"no evaluated length in {min_length}..{max_length}")
+    return float(np.mean(picked))

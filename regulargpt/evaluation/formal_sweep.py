@@ -1,0 +1,246 @@
+"""Sweeps of formal-language runs: tasks × models × seeds × learning rates, each trained then range-evaluated.
+
+A *profile* (``configs/formal/profiles/<name>.json``) says what a sweep runs and at what budget::
+
+    {"name": "quick", "description": "...",
+     "tasks": ["even_pairs", ...],            # task configs configs/formal/<task>.json
+     "models": ["regular_gpt_c2", ...],       # model presets configs/formal/models/<model>.json
+     "seeds": [0, 1, 2],
+     "lrs": {"*/*": [0.001]},                 # "task/model" glob -> lr grid; last match wins; none: the config's lr
+     "overrides": {"*/*": {"train": {"steps": 2000}}, "parity_check/*": {"train": {"steps": 4000}}},
+     "eval_lengths": "1-40,41-500:20",        # parse_lengths spec; "" = every length 1..eval.max_length
+     "table2_task": "parity_check", "table2_p_one": [0.1, 0.3, 0.5, 0.7, 0.9]}
+
+One run's config = task config ← model preset ← every matching ``overrides`` entry (in file order) ← ``--set``
+overrides ← ``train.seed`` and ``train.lr`` of the grid point. It lives in ``OUT/<task>/<model>/seed<S>_lr<LR>/``
+(``regulargpt.train.formal`` layout) with ``sweep.json`` (profile, grid point, eval lengths and sample count),
+``range.jsonl`` (range evaluation at the training task options) and, for the Table 2 task,
+``range_p<P>.jsonl`` (the same evaluation with the task option ``p_one = P``; the training value reuses
+``range.jsonl``). A run is finished when ``model.pt`` exists and every evaluation file has all its lengths; finished
+runs are skipped, unfinished ones resume from their checkpoint and evaluation rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import time
+import traceback
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from regulargpt.checkpoint import load_model_file
+from regulargpt.config import Config, ConfigError, apply_overrides, config_to_dict, load_config, load_config_dict
+from regulargpt.evaluation.formal import missing_lengths, parse_lengths, range_evaluate, range_score, read_rows
+from regulargpt.io import atomic_write_text
+from regulargpt.tasks import Task, make_task
+from regulargpt.train.formal import MODEL_FILE, formal_task, train_formal
+
+__all__ = [
+    "RANGE_FILE",
+    "SWEEP_FILE",
+    "Profile",
+    "RunSpec",
+    "eval_files",
+    "execute_run",
+    "is_finished",
+    "load_profile",
+    "plan_runs",
+    "run_sweep",
+]
+
+SWEEP_FILE, RANGE_FILE = "sweep.json", "range.jsonl"
+_CONFIG_SECTIONS = ("model", "data", "train", "eval", "logging")
+
+
+@dataclass
+class Profile:
+    """A sweep budget (see the module docstring for the file format)."""
+
+    name: str
+    description: str
+    tasks: list[str]
+    models: list[str]
+    seeds: list[int]
+    lrs: dict[str, list[float]] = field(default_factory=dict)
+    overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    eval_lengths: str = ""
+    table2_task: str = "parity_check"
+    table2_p_one: list[float] = field(default_factory=list)
+
+
+def load_profile(name_or_path: str, configs_dir: str | Path = "configs/formal") -> Profile:
+    """A profile by name (``configs/formal/profiles/<name>.json``) or by path; unknown keys are errors."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = Path(configs_dir) / "profiles" / f"{name_or_path}.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: profile not found")
+    raw = json.loads(path.read_text())
+    allowed = set(Profile.__dataclass_fields__)
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    required = [name for name, f in Profile.__dataclass_fields__.items()
+                if f.default is MISSING and f.default_factory is MISSING and name not in raw]
+    if required:
+        raise ConfigError(f"{path}: missing key(s) {', '.join(required)}")
+    profile = Profile(**raw)
+    for pattern, delta in profile.overrides.items():
+        bad = sorted(set(delta) - set(_CONFIG_SECTIONS))
+        if bad:
+            raise ConfigError(f"{path}: overrides[{pattern!r}]: unknown section(s) {', '.join(bad)}")
+    return profile
+
+
+@dataclass
+class RunSpec:
+    """One grid point: where it runs, its resolved config, and what to evaluate."""
+
+    profile: str
+    task_id: str
+    model: str
+    seed: int
+    lr: float
+    run_dir: Path
+    cfg: Config
+    eval_lengths: list[int]
+    table2_p_one: list[float]
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_id}/{self.model}/seed{self.seed}_lr{self.lr:g}"
+
+
+def _overlay(raw: dict[str, Any], delta: dict[str, Any], where: str) -> None:
+    for section, values in delta.items():
+        if section not in _CONFIG_SECTIONS or not isinstance(values, dict):
+            raise ConfigError(f"{where}: {section!r} is not a config section object ({', '.join(_CONFIG_SECTIONS)})")
+        raw[section].update(values)
+
+
+def _matching(table: dict[str, Any], key: str) -> list[Any]:
+    return [value for pattern, value in table.items() if fnmatch.fnmatchcase(key, pattern)]
+
+
+def plan_runs(
+    profile: Profile,
+    out_dir: str | Path,
+    *,
+    configs_dir: str | Path = "configs/formal",
+    tasks: list[str] | None = None,
+    models: list[str] | None = None,
+    seeds: list[int] | None = None,
+    lrs: list[float] | None = None,
+    sets: list[str] | None = None,
+) -> list[RunSpec]:
+    """Every grid point of the sweep, seed-major (seed, task, model, lr), so that a partial sweep already fills
+    every table cell once; configs are validated here, before anything runs."""
+    configs_dir = Path(configs_dir)
+    bases: list[tuple[str, str, dict[str, Any], list[float]]] = []
+    for task_id in tasks or profile.tasks:
+        task_raw = config_to_dict(load_config(configs_dir / f"{task_id}.json"))
+        for model in models or profile.models:
+            preset = configs_dir / "models" / f"{model}.json"
+            if not preset.is_file():
+                raise ConfigError(f"{preset}: model preset not found")
+            raw = copy.deepcopy(task_raw)
+            _overlay(raw, json.loads(preset.read_text()), str(preset))
+            key = f"{task_id}/{model}"
+            for pattern, delta in profile.overrides.items():
+                if fnmatch.fnmatchcase(key, pattern):
+                    _overlay(raw, delta, f"profile {profile.name} overrides[{pattern!r}]")
+            raw = apply_overrides(raw, sets or [])
+            bases.append((task_id, model, raw, lrs or (_matching(profile.lrs, key) or [[raw["train"]["lr"]]])[-1]))
+    specs = []
+    for seed in seeds if seeds is not None else profile.seeds:
+        for task_id, model, raw, grid in bases:
+            for lr in grid:
+                point = copy.deepcopy(raw)
+                _overlay(point, {"train": {"seed": seed, "lr": float(lr)}, "logging": {"progress": False}},
+                         f"{task_id}/{model}")
+                cfg = load_config_dict(point, source=f"{task_id}/{model} (profile {profile.name})")
+                formal_task(cfg)  # vocab/classes must match the task: fail before anything runs
+                specs.append(RunSpec(
+                    profile=profile.name, task_id=task_id, model=model, seed=seed, lr=float(lr),
+                    run_dir=Path(out_dir) / task_id / model / f"seed{seed}_lr{float(lr):g}", cfg=cfg,
+                    eval_lengths=parse_lengths(profile.eval_lengths, cfg.eval.max_length),
+                    table2_p_one=profile.table2_p_one if cfg.data.task == profile.table2_task else [],
+                ))
+    return specs
+
+
+def eval_files(spec: RunSpec) -> dict[Path, Task]:
+    """Evaluation file → the task it evaluates: range.jsonl, plus range_p<P>.jsonl for the Table 2 P(1) values."""
+    files = {spec.run_dir / RANGE_FILE: formal_task(spec.cfg)}
+    trained_p = spec.cfg.data.task_options.get("p_one", 0.5)
+    for p in spec.table2_p_one:
+        if p != trained_p:
+            options = {**spec.cfg.data.task_options, "p_one": p}
+            files[spec.run_dir / f"range_p{p:g}.jsonl"] = make_task(spec.cfg.data.task, **options)
+    return files
+
+
+def is_finished(spec: RunSpec) -> bool:
+    if not (spec.run_dir / MODEL_FILE).is_file():
+        return False
+    samples = spec.cfg.eval.samples_per_length
+    return all(not missing_lengths(path, spec.eval_lengths, samples) for path in eval_files(spec))
+
+
+def execute_run(spec: RunSpec) -> dict[str, Any]:
+    """Train (or resume) and range-evaluate one run → a summary row; an exception is caught and reported."""
+    start = time.perf_counter()
+    try:
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(spec.run_dir / SWEEP_FILE, json.dumps({
+            "profile": spec.profile, "task_id": spec.task_id, "model": spec.model, "seed": spec.seed, "lr": spec.lr,
+            "eval_lengths": spec.eval_lengths, "samples_per_length": spec.cfg.eval.samples_per_length,
+            "table2_p_one": spec.table2_p_one,
+        }, indent=1) + "\n")
+        model_path = train_formal(spec.cfg, spec.run_dir)
+        _, model, _ = load_model_file(model_path)
+        for path, task in eval_files(spec).items():
+            range_evaluate(model, task, spec.eval_lengths, spec.cfg.eval.samples_per_length, path, progress=False)
+        ev = spec.cfg.eval
+        score = range_score(read_rows(spec.run_dir / RANGE_FILE), ev.score_min_length, ev.max_length)
+        return {"run": spec.name, "score": score, "seconds": time.perf_counter() - start, "error": ""}
+    except Exception as err:  # one broken run must not stop a long sweep; it is reported and retried next time
+        atomic_write_text(spec.run_dir / "error.txt", traceback.format_exc())
+        return {"run": spec.name, "score": float("nan"), "seconds": time.perf_counter() - start,
+                "error": f"{type(err).__name__}: {err}"}
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def run_sweep(specs: list[RunSpec], *, workers: int = 1, threads: int = 1) -> list[dict[str, Any]]:
+    """Run every unfinished spec (``workers`` processes of ``threads`` torch threads); one log line per run."""
+    todo = [spec for spec in specs if not is_finished(spec)]
+    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs", dynamic_ncols=True)
+    results = []
+
+    def report(result: dict[str, Any]) -> None:
+        results.append(result)
+        status = f"score={result['score']:.4f}" if not result["error"] else f"FAILED {result['error']}"
+        bar.write(f"{result['run']}: {status} ({result['seconds']:.0f}s)")
+        bar.update(1)
+
+    if workers <= 1:
+        _worker_init(threads)
+        for spec in todo:
+            report(execute_run(spec))
+    else:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(workers, _worker_init, (threads,)) as pool:
+            for result in pool.imap_unordered(execute_run, todo):
+                report(result)
+    bar.close()
+    return results

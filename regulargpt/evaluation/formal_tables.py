@@ -1,0 +1,247 @@
+"""Table 1 and Table 2 of the paper from finished sweep runs: scores read from the range-evaluation files.
+
+Table 1: rows = tasks, columns = models, cell = max / mean over seeds × learning rates of the run score (mean
+accuracy over the evaluated lengths ``eval.score_min_length..eval.max_length``, i.e. 41..500), like the paper.
+Table 2: the Table 2 task (Parity, trained at P(1) = 0.5) evaluated at other P(1): rows = models, columns = P(1),
+once over the training lengths (``data.min_length..data.max_length``, 1..40) and once over 41..max; cells as above.
+
+Every report starts with the command, git commit, machine, date, and the exact length ranges and sample counts,
+all read from the runs; no number is typed by hand. Only runs of the requested profile whose ``model.pt`` and
+evaluation files are complete count; the others are listed as pending.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from regulargpt.config import Config, load_config_dict
+from regulargpt.evaluation.formal import range_score, read_rows
+from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE
+from regulargpt.io import atomic_write_text
+from regulargpt.train.formal import CONFIG_FILE, MODEL_FILE
+
+__all__ = ["FinishedRun", "collect_runs", "provenance", "table1", "table2", "write_tables"]
+
+
+@dataclass
+class FinishedRun:
+    task_id: str
+    model: str
+    seed: int
+    lr: float
+    cfg: Config
+    eval_lengths: list[int]
+    samples: int
+    evals: dict[float | None, dict[int, dict[str, float]]]  # P(1) (None = training options) -> rows by length
+    meta: dict[str, Any]  # from model.pt: step, train_seconds, ...
+    parameters: int
+
+    @property
+    def score(self) -> float:
+        return range_score(self.evals[None], self.cfg.eval.score_min_length, self.cfg.eval.max_length)
+
+
+def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun], list[str]]:
+    """(finished runs of `profile`, names of its unfinished runs) under ``runs_dir/<task>/<model>/<point>/``."""
+    finished, pending = [], []
+    for sweep_file in sorted(Path(runs_dir).glob(f"*/*/*/{SWEEP_FILE}")):
+        run_dir = sweep_file.parent
+        info = json.loads(sweep_file.read_text())
+        if info["profile"] != profile:
+            continue
+        name = str(run_dir.relative_to(runs_dir))
+        if not (run_dir / MODEL_FILE).is_file():
+            pending.append(name)
+            continue
+        cfg = load_config_dict(json.loads((run_dir / CONFIG_FILE).read_text()), source=str(run_dir / CONFIG_FILE))
+        trained_p = cfg.data.task_options.get("p_one", 0.5)  # evaluated once, in range.jsonl (as the sweep does)
+        files: dict[float | None, Path] = {None: run_dir / RANGE_FILE}
+        files.update({p: run_dir / (RANGE_FILE if p == trained_p else f"range_p{p:g}.jsonl")
+                      for p in info["table2_p_one"]})
+        evals = {p: read_rows(path) for p, path in files.items()}
+        lengths, samples = info["eval_lengths"], info["samples_per_length"]
+        if not all(all(t in rows and rows[t]["n"] == samples for t in lengths) for rows in evals.values()):
+            pending.append(name)
+            continue
+        state = torch.load(run_dir / MODEL_FILE, map_location="cpu", weights_only=True)
+        finished.append(FinishedRun(
+            task_id=info["task_id"], model=info["model"], seed=info["seed"], lr=info["lr"], cfg=cfg,
+            eval_lengths=info["eval_lengths"], samples=info["samples_per_length"], evals=evals,
+            meta=state["meta"], parameters=sum(v.numel() for v in state["state_dict"].values()),
+        ))
+    return finished, pending
+
+
+def _cell(scores: list[float]) -> dict[str, Any]:
+    return {"max": float(np.max(scores)), "mean": float(np.mean(scores)), "n": len(scores), "scores": scores}
+
+
+def _ordered(values: list[str], preferred: list[str]) -> list[str]:
+    return [v for v in preferred if v in values] + sorted(set(values) - set(preferred))
+
+
+def table1(runs: list[FinishedRun], tasks: list[str], models: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{task: {model: {"max", "mean", "n", "scores"}}} over the runs of each (task, model)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for task in _ordered([r.task_id for r in runs], tasks):
+        for model in _ordered([r.model for r in runs], models):
+            scores = [r.score for r in runs if r.task_id == task and r.model == model]
+            if scores:
+                out.setdefault(task, {})[model] = _cell(scores)
+    return out
+
+
+def table2(runs: list[FinishedRun], task: str, p_values: list[float], models: list[str]) -> dict[str, Any]:
+    """{"train_lengths"|"extrapolation": {model: {P(1): cell}}} for the runs of `task` trained at P(1) = 0.5."""
+    runs = [r for r in runs if r.task_id == task and r.cfg.data.task_options.get("p_one", 0.5) == 0.5]
+    out: dict[str, Any] = {"train_lengths": {}, "extrapolation": {}}
+    for model in _ordered([r.model for r in runs], models):
+        mine = [r for r in runs if r.model == model]
+        for p in p_values:
+            for key, lo_hi in (("train_lengths", lambda c: (c.data.min_length, c.data.max_length)),
+                               ("extrapolation", lambda c: (c.eval.score_min_length, c.eval.max_length))):
+                scores = [range_score(r.evals[p], *lo_hi(r.cfg)) for r in mine if p in r.evals]
+                if scores:
+                    out[key].setdefault(model, {})[f"{p:g}"] = _cell(scores)
+    return out
+
+
+def provenance(command: list[str]) -> dict[str, str]:
+    """Command, git commit (+ whether the tree had uncommitted changes), machine and UTC date of a report."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+    commit = git("rev-parse", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").is_file():
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {
+        "command": " ".join(command), "commit": commit,
+        "machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+                   f"torch {torch.__version__}",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def _protocol(runs: list[FinishedRun]) -> dict[str, Any]:
+    """Length ranges and sample counts actually used, per task (read from the runs)."""
+    out: dict[str, Any] = {}
+    for r in runs:
+        ev, data = r.cfg.eval, r.cfg.data
+        scored = [t for t in r.eval_lengths if ev.score_min_length <= t <= ev.max_length]
+        entry = {"train_lengths": f"{data.min_length}..{data.max_length}",
+                 "eval_lengths": f"{len(r.eval_lengths)} lengths in {min(r.eval_lengths)}..{max(r.eval_lengths)}",
+                 "score_lengths": f"{len(scored)} lengths in {ev.score_min_length}..{ev.max_length}",
+                 "samples_per_length": r.samples, "batch_size": r.cfg.train.batch_size}
+        out.setdefault(r.task_id, [])
+        if entry not in out[r.task_id]:
+            out[r.task_id].append(entry)
+    return out
+
+
+def _settings(runs: list[FinishedRun]) -> list[dict[str, Any]]:
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in runs:
+        row = rows.setdefault((r.task_id, r.model), {
+            "task": r.task_id, "model": r.model, "steps": r.cfg.train.steps, "lrs": set(), "seeds": set(),
+            "d_model": r.cfg.model.d_model, "parameters": r.parameters, "train_seconds": []})
+        row["lrs"].add(r.lr)
+        row["seeds"].add(r.seed)
+        row["train_seconds"].append(r.meta.get("train_seconds", float("nan")))
+    return [{**row, "lrs": sorted(row["lrs"]), "seeds": sorted(row["seeds"]),
+             "train_seconds": float(np.mean(row["train_seconds"]))} for row in rows.values()]
+
+
+def _header(title: str, prov: dict[str, str], profile: str, pending: list[str]) -> list[str]:
+    lines = [f"# {title} — profile `{profile}`", "", f"- Command: `{prov['command']}`", f"- Commit: {prov['commit']}",
+             f"- Machine: {prov['machine']}", f"- Date: {prov['date']}"]
+    if pending:
+        lines.append(f"- Pending (not counted): {len(pending)} runs: " + ", ".join(pending))
+    return lines + [""]
+
+
+def _fmt(cell: dict[str, Any] | None) -> str:
+    return "–" if cell is None else f"{cell['max']:.3f} / {cell['mean']:.3f} ({cell['n']})"
+
+
+def _protocol_lines(proto: dict[str, Any]) -> list[str]:
+    intro = ("Protocol (read from the runs): score = mean per-length accuracy over the evaluated lengths in the "
+             "score range (the authors' code averages 42..500; we include 41).")
+    lines = [intro, ""]
+    for task, entries in proto.items():
+        for e in entries:
+            lines.append(f"- {task}: train lengths {e['train_lengths']}, batch {e['batch_size']}; evaluated "
+                         f"{e['eval_lengths']}, {e['samples_per_length']} sequences per length; score over "
+                         f"{e['score_lengths']}")
+    return lines + [""]
+
+
+def write_tables(runs_dir: str | Path, profile_name: str, out_dir: str | Path, *, tasks: list[str], models: list[str],
+                 table2_task: str, table2_p_one: list[float], command: list[str] | None = None) -> list[Path]:
+    """Write table1_<profile>.md/.json and table2_<profile>.md/.json; returns the paths written."""
+    runs, pending = collect_runs(runs_dir, profile_name)
+    prov = provenance(command or sys.argv)
+    out_dir = Path(out_dir)
+    t1, proto, settings = table1(runs, tasks, models), _protocol(runs), _settings(runs)
+    task_order = _ordered([s["task"] for s in settings], tasks)
+    model_order = _ordered([s["model"] for s in settings], models)
+    settings.sort(key=lambda s: (task_order.index(s["task"]), model_order.index(s["model"])))
+    cols = _ordered(sorted({m for row in t1.values() for m in row}), models)
+    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending)
+    md += _protocol_lines(proto)
+    md += ["Cells: max / mean over seeds × learning rates of the score (number of runs).", "",
+           "| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    md += [f"| {task} | " + " | ".join(_fmt(row.get(m)) for m in cols) + " |" for task, row in t1.items()]
+    md += ["", "Run settings:", "",
+           "| task | model | steps | lrs | seeds | d_model | parameters | mean training wall s |",
+           "|---|---|---|---|---|---|---|---|"]
+    md += [f"| {s['task']} | {s['model']} | {s['steps']} | {', '.join(f'{x:g}' for x in s['lrs'])} | "
+           f"{', '.join(map(str, s['seeds']))} | {s['d_model']} | {s['parameters']} | {s['train_seconds']:.0f} |"
+           for s in settings]
+    written = []
+    stem = out_dir / f"table1_{profile_name}"
+    payload = {"provenance": prov, "profile": profile_name, "protocol": proto, "pending": pending,
+               "settings": settings, "table": t1}
+    written += _write(stem, "\n".join(md) + "\n", payload)
+
+    t2 = table2(runs, table2_task, table2_p_one, models)
+    ps = [f"{p:g}" for p in table2_p_one]
+    md = _header(f"Table 2: {table2_task} trained at P(1) = 0.5, evaluated at other P(1)", prov, profile_name,
+                 [p for p in pending if p.startswith(f"{table2_task}/")])
+    md += _protocol_lines({k: v for k, v in proto.items() if k == table2_task})
+    md += ["Cells: max / mean over seeds × learning rates of the mean accuracy over the lengths named "
+           "(number of runs)."]
+    for key, title in (("train_lengths", "training lengths"), ("extrapolation", "extrapolation lengths")):
+        rng = next((e["train_lengths"] if key == "train_lengths" else e["score_lengths"]
+                    for e in proto.get(table2_task, [])), "")
+        md += ["", f"Over the {title} ({rng}):", "", "| model | " + " | ".join(f"P(1)={p}" for p in ps) + " |",
+               "|---" * (len(ps) + 1) + "|"]
+        md += [f"| {model} | " + " | ".join(_fmt(row.get(p)) for p in ps) + " |" for model, row in t2[key].items()]
+    payload = {"provenance": prov, "profile": profile_name, "task": table2_task, "p_one": table2_p_one,
+               "protocol": proto.get(table2_task, []), "table": t2}
+    written += _write(out_dir / f"table2_{profile_name}", "\n".join(md) + "\n", payload)
+    return written
+
+
+def _write(stem: Path, markdown: str, payload: dict[str, Any]) -> list[Path]:
+    md_path, json_path = stem.with_suffix(".md"), stem.with_suffix(".json")
+    atomic_write_text(json_path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(md_path, markdown)
+    return [md_path, json_path]

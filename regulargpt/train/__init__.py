@@ -1,0 +1,16 @@
+"""Language-model pretraining with DeepSpeed (ZeRO 0–3, bf16/fp32, CPU via gloo or CUDA via nccl).
+
+    from regulargpt.config import load_config
+    from regulargpt.train import train
+    train(load_config("configs/tiny/regular_gpt.json", ["data.path=data/tiny"]), "runs/tiny")
+
+Modules: ``engine`` (process env, DeepSpeed config, optimizer + LR schedule, activation checkpointing), ``loop``
+(the training loop, validation, preemption), ``run_dir`` (checkpoints, resume, keep-last-k, export), ``logging``
+(console, metrics.jsonl, wandb). Nothing here imports DeepSpeed or wandb at import time.
+"""
+
+from regulargpt.train.engine import TrainError, deepspeed_config, lr_factor
+from regulargpt.train.loop import train
+from regulargpt.train.run_dir import default_run_dir, export_model
+
+__all__ = ["TrainError", "deepspeed_config", "lr_factor", "train", "default_run_dir", "export_model"]

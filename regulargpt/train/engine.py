@@ -1,0 +1,233 @@
+"""DeepSpeed engine setup: process environment, the DeepSpeed config built from our :class:`Config`, the client
+optimizer and LR schedule, and activation checkpointing applied from outside the model code.
+
+One engine serves every ZeRO stage (0–3) and precision (fp32, bf16; fp16 on CUDA only). The optimizer is
+``torch.optim.AdamW`` handed to DeepSpeed as a client optimizer, so no DeepSpeed op is JIT-compiled on CPU; the LR
+schedule is a ``torch.optim.lr_scheduler.LambdaLR`` that DeepSpeed steps after every optimizer step::
+
+    factor(s) = (s + 1) / W                                        s < W          (linear warmup, W = round(f·steps))
+              = r + (1 − r) · ½ · (1 + cos(π · (s − W) / (steps − W)))   s ≥ W  (cosine to r = min_lr_ratio)
+              = 1                                                 s ≥ W          (schedule "constant")
+
+Example (one process, after :func:`prepare_process_env`)::
+
+    engine, optimizer, scheduler = build_engine(cfg, model, world_size=1)
+    loss = loss_fn(engine(inputs), targets); engine.backward(loss); engine.step()
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from regulargpt.config import Config
+
+__all__ = [
+    "TrainError",
+    "prepare_process_env",
+    "skip_shm_build",
+    "deepspeed_config",
+    "lr_factor",
+    "param_groups",
+    "apply_activation_checkpointing",
+    "build_engine",
+]
+
+
+class TrainError(RuntimeError):
+    """A training setup problem a user can fix (message says what and how)."""
+
+
+# ------------------------------------------------------------------------------------------------ process env
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prepare_process_env() -> dict[str, int]:
+    """Make every launcher look the same to DeepSpeed; call before ``import deepspeed``. Returns rank info.
+
+    * ``DS_ACCELERATOR=cpu`` when torch sees no CUDA device (explicit, no detection warning);
+    * plain ``python launch/pretrain.py``: RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_ADDR=127.0.0.1 and a free
+      MASTER_PORT are set when absent (otherwise DeepSpeed falls back to MPI discovery and needs mpi4py);
+    * threads: when OMP_NUM_THREADS is unset (the ``deepspeed`` launcher does not set it) each process gets
+      cpu_count // local processes threads, so N ranks do not oversubscribe the cores.
+    """
+    env = os.environ
+    if "DS_ACCELERATOR" not in env and not torch.cuda.is_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    if "RANK" not in env:
+        env.setdefault("WORLD_SIZE", "1")
+        if env["WORLD_SIZE"] != "1":
+            raise TrainError(f"WORLD_SIZE={env['WORLD_SIZE']} but RANK is unset; start several processes with "
+                             "torchrun or the deepspeed launcher")
+        env["RANK"] = "0"
+    env.setdefault("WORLD_SIZE", "1")
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(_free_port()))
+    local = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1)
+    if "OMP_NUM_THREADS" not in env and env.get("DS_ACCELERATOR") == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]), "local_rank": int(env["LOCAL_RANK"]),
+            "local_world_size": local}
+
+
+def _shm_op_available() -> bool:
+    """True when DeepSpeed's CPU shared-memory comm op is precompiled or already in the JIT cache."""
+    try:
+        from deepspeed.git_version_info import installed_ops
+
+        if installed_ops.get("deepspeed_shm_comm"):
+            return True
+    except ImportError:
+        return False
+    from torch.utils.cpp_extension import get_default_build_root  # TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions
+
+    return any(Path(get_default_build_root()).glob("*/deepspeed_shm_comm/*.so"))
+
+
+def skip_shm_build(force: bool = False) -> bool:
+    """On CPU, stop DeepSpeed from JIT-compiling its shm comm op (25–28 s with g++) unless it is already built.
+
+    The op only accelerates DeepSpeed's *inference* all-reduce; training collectives go through gloo either way, so
+    skipping it changes nothing in training (losses are identical). ``REGULARGPT_BUILD_SHM=1`` keeps the build.
+    Must run before ``deepspeed.init_distributed``. Returns True when the build was skipped.
+
+    (``import deepspeed.comm.torch as m`` would hand back the *torch* package, hence ``sys.modules``.)
+    """
+    if os.environ.get("DS_ACCELERATOR") != "cpu" or os.environ.get("REGULARGPT_BUILD_SHM") == "1":
+        return False
+    if not force and _shm_op_available():
+        return False
+    importlib.import_module("deepspeed.comm.torch")
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    return True
+
+
+# ------------------------------------------------------------------------------------------- deepspeed config
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config for `cfg`: batch sizes, ZeRO stage, precision, clipping; ``cfg.deepspeed`` merged last.
+
+    >>> deepspeed_config(load_config("configs/tiny/regular_gpt.json"), 2)["train_batch_size"]  # doctest: +SKIP
+    32
+    """
+    t = cfg.train
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": t.batch_size,
+        "gradient_accumulation_steps": t.grad_accum,
+        "train_batch_size": t.batch_size * t.grad_accum * world_size,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": {"stage": t.zero_stage},
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16", "initial_scale_power": 16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,  # we print our own progress
+        "wall_clock_breakdown": False,
+    }
+    return _merge(ds, cfg.deepspeed)
+
+
+# ------------------------------------------------------------------------------------------ optimizer + schedule
+
+
+def lr_factor(step: int, cfg: Config) -> float:
+    """Multiplier of ``train.lr`` for optimizer step `step` (0-based): linear warmup, then constant or cosine."""
+    t = cfg.train
+    warmup = round(t.warmup_fraction * t.steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    if t.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, t.steps - warmup))
+    return t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """AdamW groups (decay on ≥2-D weights only) and the parameter names of each group, in optimizer order.
+
+    The names are stored with every checkpoint: they map a ZeRO-0 optimizer's fp32 master copies back to modules.
+    """
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and weight_decay > 0 else no_decay).append((name, p))
+    groups, names = [], []
+    for members, wd in ((decay, weight_decay), (no_decay, 0.0)):
+        if members:
+            groups.append({"params": [p for _, p in members], "weight_decay": wd})
+            names.append([n for n, _ in members])
+    return groups, names
+
+
+# ------------------------------------------------------------------------------------- activation checkpointing
+
+
+def _checkpointed_forward(original: Any, *args: Any, **kwargs: Any) -> Any:
+    if not torch.is_grad_enabled():
+        return original(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(original, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute every Transformer layer application in the backward pass instead of storing its activations.
+
+    Each ``TransformerLayer`` instance gets an instance-level ``forward`` that runs the original under
+    ``torch.utils.checkpoint`` (non-reentrant, so closures over parameters — RegularGPT's window scalars and pad
+    keys — receive gradients). RegularGPT applies its K shared sub-layers at every depth step, so every one of the
+    K·L applications is checkpointed separately. Module names and the state dict are unchanged; the model code is
+    not touched. Returns the number of layer modules wrapped.
+    """
+    from regulargpt.model.layers import TransformerLayer
+
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, TransformerLayer):
+            module.forward = functools.partial(_checkpointed_forward, module.forward)  # bound original
+            wrapped += 1
+    return wrapped
+
+
+# ----------------------------------------------------------------------------------------------------- engine
+
+
+def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, Any, Any, list[list[str]]]:
+    """deepspeed.initialize with our optimizer and schedule → (engine, optimizer, scheduler, param names)."""
+    import deepspeed
+
+    if cfg.train.precision == "fp16" and not torch.cuda.is_available():
+        raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
+                         "use --set train.precision=bf16 or fp32")
+    if cfg.train.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    groups, names = param_groups(model, cfg.train.weight_decay)
+    t = cfg.train
+    optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                                  weight_decay=t.weight_decay, foreach=False)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+    engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size),
+        dist_init_required=False,
+    )
+    return engine, ds_optimizer, ds_scheduler, names

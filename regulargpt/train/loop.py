@@ -1,0 +1,321 @@
+"""The language-model training loop: data → DeepSpeed engine → metrics, validation, checkpoints, export.
+
+One call, :func:`train`, does a whole run (or the rest of one)::
+
+    prepare env → check data (vocab, val length) → init_distributed (gloo on CPU) → build model (seeded) →
+    DeepSpeed engine → resume from ``latest`` if the run dir has one → for step in start..steps:
+        grad_accum × (batch(step, micro_step) → forward → loss → engine.backward → engine.step)
+        log / validate / checkpoint; stop cleanly on SIGTERM/SIGUSR1
+    → final checkpoint → model.pt (rank 0)
+
+Batches come from ``WindowSampler(train split, T, micro-batch, seed, rank, world)``, seeded by
+(seed, step, micro_step, rank): a resumed run sees exactly the batches the uninterrupted run would have seen.
+Validation uses the first ``eval_batches`` batches of a sampler over the val split with the same seed: the same
+fixed windows at every evaluation, averaged over ranks.
+
+Preemption: the first SIGTERM or SIGUSR1 asks for a stop; after the current step every rank agrees (one all-reduce
+per step), a checkpoint is written and :func:`train` returns ``{"preempted": True, ...}`` (the launcher exits 0).
+A second signal arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM
+and torchrun within that window count as one).
+"""
+
+from __future__ import annotations
+
+import logging as _stdlib_logging
+import math
+import os
+import random
+import signal
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from regulargpt.config import Config
+from regulargpt.train import run_dir as rd
+from regulargpt.train.engine import TrainError, build_engine, lr_factor, prepare_process_env, skip_shm_build
+from regulargpt.train.logging import MetricsLog, peak_flops
+
+__all__ = ["StopRequest", "train"]
+
+
+class StopRequest:
+    """SIGTERM/SIGUSR1 → ``requested``; a repeat signal more than `grace_s` later ends the process at once."""
+
+    def __init__(self, grace_s: float = 2.0) -> None:
+        self.requested, self.first_at, self.grace_s, self.signum = False, 0.0, grace_s, 0
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.requested and now - self.first_at > self.grace_s:
+            os._exit(128 + signum)
+        if not self.requested:
+            self.requested, self.first_at, self.signum = True, now, signum
+
+
+def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {"tokenizer_sha256": manifest["tokenizer"]["sha256"], "vocab_size": manifest["vocab_size"],
+            "train_tokens": manifest["splits"]["train"]["tokens"], "val_tokens": manifest["splits"]["val"]["tokens"]}
+
+
+def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
+    """Train and val splits; clear errors for a missing folder, a vocabulary mismatch or a too-short split."""
+    from regulargpt.data import DataError, load_manifest, open_split
+
+    if not cfg.data.path:
+        raise TrainError("data.path is empty; prepare a folder with `python data_prep/prepare.py --source "
+                         "python-stdlib --out data/stdlib` and pass --set data.path=data/stdlib")
+    try:
+        manifest = load_manifest(cfg.data.path)
+    except DataError as err:
+        raise TrainError(f"data.path={cfg.data.path!r}: {err}") from None
+    if manifest["vocab_size"] != cfg.model.vocab_size:
+        raise TrainError(f"model.vocab_size={cfg.model.vocab_size} does not match the data: "
+                         f"{cfg.data.path}/manifest.json has vocab_size={manifest['vocab_size']}. "
+                         f"Set --set model.vocab_size={manifest['vocab_size']} "
+                         f"or prepare the data with --vocab-size {cfg.model.vocab_size}")
+    splits = []
+    for name in ("train", "val"):
+        split = open_split(cfg.data.path, name, vocab_size=cfg.model.vocab_size)
+        if len(split) < cfg.data.seq_len + 1:
+            raise TrainError(f"{cfg.data.path}: the {name} split has {len(split)} tokens, fewer than "
+                             f"data.seq_len + 1 = {cfg.data.seq_len + 1}; prepare more data (--max-bytes) or lower "
+                             f"data.seq_len")
+        splits.append(split)
+    return splits[0], splits[1], manifest
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _Trainer:
+    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int]) -> None:
+        import deepspeed
+        import torch.distributed as dist
+
+        from regulargpt.data import WindowSampler
+        from regulargpt.model import build_model
+
+        self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
+        self.rank, self.world = env["rank"], env["world_size"]
+        train_split, val_split, manifest = _open_data(cfg)
+        self.fingerprint = _data_fingerprint(manifest)
+        if cfg.train.precision == "fp16" and not torch.cuda.is_available():
+            raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
+                             "use --set train.precision=bf16 or fp32")
+        rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(env["local_rank"])
+        deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False)
+
+        t = cfg.train
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
+        device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
+        self.peak, self.peak_source = peak_flops(dtype, device)
+        _seed_all(t.seed)  # identical initial weights on every rank
+        model = build_model(cfg.model)
+        self.flops_per_token = model.flops_per_token(cfg.data.seq_len)
+        self.num_parameters = model.num_parameters()
+        self.engine, _, self.scheduler, self.param_names = build_engine(cfg, model, self.world)
+        self.device = self.engine.device
+        # ZeRO-0 fp32 hands DeepSpeed our torch AdamW unwrapped; DeepSpeed then clips without keeping the norm.
+        self._plain_optimizer = isinstance(self.engine.optimizer, torch.optim.Optimizer) and not hasattr(
+            self.engine.optimizer, "_global_grad_norm")
+        self.grad_norm: float | None = None
+        _seed_all(t.seed * 1_000_003 + 7919 * (self.rank + 1))  # per-rank stream (dropout)
+
+        self.sampler = WindowSampler(train_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world)
+        self.val_sampler = WindowSampler(val_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world)
+        self.step, self.tokens = 0, 0
+        self.tokens_per_step = t.batch_size * t.grad_accum * cfg.data.seq_len * self.world
+        self._resume()
+        self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens, "world_size": self.world,
+                "sampler": self.sampler.state_dict(),
+                "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
+                "precision": self.cfg.train.precision, "param_names": self.param_names}
+
+    def save(self) -> None:
+        tag = f"global_step{self.step}"
+        state = self._state()
+        self.engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=state, save_latest=False)
+        rd.save_rng(self.run_dir, self.step, self.rank)
+        if self.rank == 0:
+            rd.write_trainer_state(self.run_dir, self.step, state)
+        self.dist.barrier()
+        if self.rank == 0:
+            rd.mark_latest(self.run_dir, self.step)
+            rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+        self.dist.barrier()
+
+    def _resume(self) -> None:
+        step = rd.latest_step(self.run_dir)
+        if self.rank == 0:
+            rd.remove_partial_checkpoints(self.run_dir)
+        if step is None:
+            return
+        state = rd.read_trainer_state(self.run_dir, step)
+        if state["world_size"] != self.world:
+            raise TrainError(f"{self.run_dir}: checkpoint global_step{step} was written by {state['world_size']} "
+                             f"processes, this run has {self.world}; resume with the same number (the data order "
+                             f"depends on it) or start a new --run-dir")
+        if state["data"] != self.fingerprint:
+            raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
+                             f"{self.fingerprint}); resume with the same data folder")
+        path, _ = self.engine.load_checkpoint(str(self.run_dir), tag=f"global_step{step}", load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
+        self.sampler.load_state_dict(state["sampler"])
+        rd.load_rng(self.run_dir, step, self.rank)
+        self.step, self.tokens = state["step"], state["tokens"]
+
+    # --------------------------------------------------------------------------------------------- training
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        batch = batch.to(self.device, non_blocking=True)
+        logits = self.engine(batch[:, :-1])  # (B, T, V)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.world > 1:
+            t = t.to(self.device) if self.device.type == "cuda" else t
+            self.dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        self.engine.eval()
+        total = 0.0
+        for i in range(self.cfg.train.eval_batches):
+            total += self._loss(self.val_sampler.batch(i)).item()
+        self.engine.train()
+        return self._all_sum([total])[0] / (self.cfg.train.eval_batches * self.world)
+
+    def train_step(self) -> float:
+        """One optimizer step (grad_accum micro-batches) → this rank's mean loss; sets ``self.grad_norm``."""
+        total, accum = 0.0, self.cfg.train.grad_accum
+        for micro in range(accum):
+            loss = self._loss(self.sampler.batch(self.step, micro))
+            self.engine.backward(loss)
+            if micro == accum - 1 and self._plain_optimizer:  # DeepSpeed records no norm here: take it pre-clipping
+                grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+                self.grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+            self.engine.step()
+            total += loss.item()
+        if not self._plain_optimizer:
+            norm = self.engine.get_global_grad_norm()
+            self.grad_norm = None if norm is None else float(norm)
+        return total / accum
+
+    def run(self, stop: StopRequest) -> dict[str, Any]:
+        cfg, t = self.cfg, self.cfg.train
+        if self.step == 0:
+            self.log.message(f"{self.run_dir}: {self.num_parameters:,} parameters, {self.world} process(es), ZeRO "
+                             f"{t.zero_stage}, {t.precision}, {self.tokens_per_step:,} tokens/step; peak "
+                             f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})")
+        elif self.step >= t.steps:
+            self.log.message(f"{self.run_dir}: already finished at step {self.step}/{t.steps}; nothing to train")
+        else:
+            self.log.message(f"{self.run_dir}: resuming at step {self.step}/{t.steps}")
+        self.engine.train()
+        bad, preempted, start_step, run_start = 0, False, self.step, time.perf_counter()
+        window_time, window_tokens, last_val = 0.0, 0, None
+        while self.step < t.steps:
+            start = time.perf_counter()
+            loss = self.train_step()
+            lr = t.lr * lr_factor(self.step, cfg)
+            self.step += 1
+            self.tokens += self.tokens_per_step
+            loss_sum, stops = self._all_sum([loss, float(stop.requested)])
+            loss = loss_sum / self.world
+            window_time += time.perf_counter() - start
+            window_tokens += self.tokens_per_step
+            self.log.advance()
+            if not math.isfinite(loss):
+                bad += 1
+                self.log.message(f"step {self.step}: loss is {loss}")
+                if bad > t.max_bad_steps:
+                    raise TrainError(f"{bad} steps with a non-finite loss (train.max_bad_steps={t.max_bad_steps}); "
+                                     f"lower train.lr or resume from an earlier checkpoint")
+            final = self.step == t.steps
+            do_eval = final or (t.eval_every > 0 and self.step % t.eval_every == 0)
+            if do_eval or self.step % t.log_every == 0:
+                rec: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr}
+                if self.grad_norm is not None:
+                    rec["grad_norm"] = self.grad_norm
+                tps = window_tokens / max(window_time, 1e-9)
+                rec.update(tokens=self.tokens, tokens_per_s=tps,
+                           mfu=self.flops_per_token * tps / (self.peak * self.world),
+                           elapsed_s=round(time.perf_counter() - run_start, 3))
+                window_time, window_tokens = 0.0, 0
+                if do_eval:
+                    last_val = rec["val_loss"] = self.validate()
+                self.log.record(rec)
+            if stops > 0 and not final:
+                self.log.message(f"step {self.step}: stop requested (signal); saving a checkpoint and exiting")
+                self.save()
+                preempted = True
+                break
+            if final or (t.save_every > 0 and self.step % t.save_every == 0):
+                self.save()
+        finished_before = start_step >= t.steps and rd.latest_step(self.run_dir) == t.steps
+        if not preempted and rd.latest_step(self.run_dir) != t.steps:
+            self.save()  # a run resumed after its last step but before its final save
+        if not preempted and self.rank == 0 and not (finished_before and (self.run_dir / "model.pt").is_file()):
+            path = rd.export_model(self.run_dir, t.steps)
+            self.log.message(f"wrote {path}")
+        self.dist.barrier()
+        self.log.close()
+        self.dist.destroy_process_group()
+        return {"step": self.step, "tokens": self.tokens, "preempted": preempted, "val_loss": last_val,
+                "run_dir": str(self.run_dir)}
+
+
+def _quiet_deepspeed() -> None:
+    from deepspeed.utils import logger
+
+    logger.setLevel(_stdlib_logging.WARNING)
+
+
+def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
+    """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir"}."""
+    # DeepSpeed ZeRO-3 calls these collectives every step; torch 2.13 warns on each call.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                            r"is deprecated", category=FutureWarning)
+    env = prepare_process_env()
+    stop = StopRequest()
+    stop.install()
+    try:
+        import deepspeed  # noqa: F401  (after prepare_process_env: DS_ACCELERATOR must be set first)
+
+        skip_shm_build()
+        _quiet_deepspeed()
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = _Trainer(cfg, run_dir, env)
+        return trainer.run(stop)
+    finally:
+        stop.uninstall()

@@ -1,0 +1,240 @@
+"""Formal-language pipeline: training loop + resume, range evaluation + score, sweep skipping, aggregation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from regulargpt.checkpoint import save_model_file
+from regulargpt.config import Config, ConfigError, load_config_dict
+from regulargpt.evaluation.formal import parse_lengths, range_evaluate, range_score, read_rows
+from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
+from regulargpt.evaluation.formal_tables import collect_runs, table1, table2, write_tables
+from regulargpt.model import build_model
+from regulargpt.tasks import Task, make_task
+from regulargpt.train.formal import formal_task, train_formal
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "formal"
+
+
+def tiny_raw(**train: float) -> dict:
+    return {
+        "model": {"architecture": "regular_gpt", "head": "classifier", "vocab_size": 2, "num_classes": 2,
+                  "d_model": 16, "n_heads": 2, "norm": "post", "activation": "relu", "embedding_scale": True,
+                  "dropout": 0.1},
+        "data": {"task": "parity_check", "min_length": 1, "max_length": 6},
+        "train": {"seed": 3, "steps": 8, "lr": 1e-2, "batch_size": 8, "log_every": 1, "save_every": 3, **train},
+        "eval": {"max_length": 12, "samples_per_length": 16, "score_min_length": 7},
+        "logging": {"progress": False},
+    }
+
+
+def tiny_cfg(**train: float) -> Config:
+    return load_config_dict(tiny_raw(**train))
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class CrashingTask(Task):
+    """Wraps a task and raises on the `crash_at`-th sample call: a run killed between checkpoints."""
+
+    def __init__(self, inner: Task, crash_at: int) -> None:
+        self.inner, self.crash_at, self.calls = inner, crash_at, 0
+        self.name, self.input_vocab_size, self.num_classes = inner.name, inner.input_vocab_size, inner.num_classes
+
+    def _sample(self, batch_size: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise _Crash
+        return self.inner.sample(batch_size, length, generator)
+
+    def label(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.inner.label(inputs)
+
+
+def test_training_writes_run_files_and_resume_is_exact(tmp_path: Path) -> None:
+    cfg = tiny_cfg()
+    straight = tmp_path / "straight"
+    train_formal(cfg, straight)
+    for name in ("config.resolved.json", "metrics.jsonl", "ckpt.pt", "model.pt"):
+        assert (straight / name).is_file(), name
+    rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert set(rows[0]) == {"step", "loss", "acc", "lr", "length", "seconds"}
+    assert all(1 <= r["length"] <= 6 for r in rows)
+
+    resumed = tmp_path / "resumed"
+    with pytest.raises(_Crash):  # dies during step 6: the last checkpoint is step 3, metrics reached step 5
+        train_formal(cfg, resumed, task_factory=lambda c: CrashingTask(formal_task(c), crash_at=6))
+    assert not (resumed / "model.pt").exists() and len(losses(resumed)) == 5
+    train_formal(cfg, resumed)
+    assert losses(resumed) == losses(straight)
+    a = torch.load(straight / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(resumed / "model.pt", weights_only=True)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_a_different_config_is_an_error(tmp_path: Path) -> None:
+    train_formal(tiny_cfg(steps=2), tmp_path)
+    with pytest.raises(ConfigError, match="train.lr"):
+        train_formal(tiny_cfg(steps=2, lr=5e-3), tmp_path)
+
+
+def test_vocab_or_classes_disagreeing_with_the_task_is_a_clear_error(tmp_path: Path) -> None:
+    raw = tiny_raw()
+    raw["model"]["vocab_size"] = 3
+    with pytest.raises(ConfigError, match=r"model.vocab_size = 3 .*input_vocab_size = 2"):
+        train_formal(load_config_dict(raw), tmp_path)
+    raw["model"]["vocab_size"], raw["data"]["task"] = 2, "cycle_navigation"
+    with pytest.raises(ConfigError, match="model.vocab_size = 2 .*input_vocab_size = 3"):
+        formal_task(load_config_dict(raw))
+
+
+def test_parse_lengths() -> None:
+    assert parse_lengths("", 5) == [1, 2, 3, 4, 5]
+    assert parse_lengths("1-3,41-500:20,500", 500) == [1, 2, 3, *range(41, 500, 20), 500]
+    assert parse_lengths("90-200", 100) == list(range(90, 101))
+    with pytest.raises(ValueError):
+        parse_lengths("5-2", 10)
+
+
+def test_range_evaluation_is_in_eval_mode_and_resumable(tmp_path: Path) -> None:
+    model = build_model(tiny_cfg().model)  # dropout 0.1: outputs would vary in train mode
+    modes: list[bool] = []
+    model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    task = make_task("parity_check")
+    first = range_evaluate(model.train(), task, [1, 5, 9], 32, tmp_path / "a.jsonl", batch_tokens=40, progress=False)
+    assert modes and not any(modes)
+    assert first == range_evaluate(model, task, [1, 5, 9], 32, tmp_path / "b.jsonl", progress=False)
+    assert [row["n"] for row in first.values()] == [32, 32, 32]
+    calls = len(modes)
+    range_evaluate(model, task, [1, 5, 9, 11], 32, tmp_path / "b.jsonl", progress=False)  # only length 11 is new
+    assert len(modes) == calls + 1 and sorted(read_rows(tmp_path / "b.jsonl")) == [1, 5, 9, 11]
+    with pytest.raises(ValueError, match="n=32"):
+        range_evaluate(model, task, [1], 64, tmp_path / "b.jsonl", progress=False)
+
+
+def test_score_averages_exactly_lengths_41_to_max(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"length": t, "input_length": t, "accuracy": t / 100, "n": 4}) + "\n"
+                            for t in range(1, 61)))
+    rows = read_rows(path)
+    assert range_score(rows, 41, 60) == pytest.approx(sum(range(41, 61)) / 20 / 100)
+    assert range_score(rows, 41, 50) == pytest.approx(0.455)
+    assert range_score({t: rows[t] for t in (1, 40, 41, 59)}, 41, 60) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        range_score({t: rows[t] for t in range(1, 41)}, 41, 60)
+
+
+def _fake_run(runs: Path, model: str, seed: int, accuracy: dict[float | None, float]) -> None:
+    """A finished run folder with constant per-length accuracies (None = range.jsonl, else range_p<P>.jsonl)."""
+    cfg = tiny_cfg()
+    run = runs / "parity_check" / model / f"seed{seed}_lr0.01"
+    run.mkdir(parents=True)
+    lengths = [1, 6, 7, 12]
+    p_values = [p for p in accuracy if p is not None]
+    (run / "sweep.json").write_text(json.dumps({"profile": "quick", "task_id": "parity_check", "model": model,
+                                                "seed": seed, "lr": 0.01, "eval_lengths": lengths,
+                                                "samples_per_length": 16, "table2_p_one": [*p_values, 0.5]}))
+    (run / "config.resolved.json").write_text(json.dumps({"model": vars(cfg.model), "data": vars(cfg.data),
+                                                          "train": vars(cfg.train), "eval": vars(cfg.eval),
+                                                          "logging": vars(cfg.logging)}))
+    save_model_file(run / "model.pt", cfg, build_model(cfg.model), meta={"train_seconds": 1.0})
+    for p, acc in accuracy.items():
+        name = "range.jsonl" if p is None else f"range_p{p:g}.jsonl"
+        # lengths <= 6 (training) get acc + 0.1 (capped), lengths >= 7 (extrapolation) get acc
+        (run / name).write_text("".join(json.dumps({"length": t, "input_length": t, "n": 16,
+                                                    "accuracy": min(1.0, acc + 0.1) if t <= 6 else acc}) + "\n"
+                                        for t in lengths))
+
+
+def test_aggregation_on_hand_made_runs(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _fake_run(runs, "regular_gpt_c2", 0, {None: 1.0, 0.1: 0.8})
+    _fake_run(runs, "regular_gpt_c2", 1, {None: 0.6, 0.1: 0.5})
+    _fake_run(runs, "lstm", 0, {None: 0.7, 0.1: 0.7})
+    pending = runs / "parity_check" / "lstm" / "seed1_lr0.01"
+    pending.mkdir()
+    (pending / "sweep.json").write_text((runs / "parity_check/lstm/seed0_lr0.01/sweep.json").read_text())
+
+    finished, waiting = collect_runs(runs, "quick")
+    assert len(finished) == 3 and waiting == ["parity_check/lstm/seed1_lr0.01"]
+    t1 = table1(finished, ["parity_check"], ["regular_gpt_c2", "lstm"])
+    assert t1["parity_check"]["regular_gpt_c2"]["max"] == pytest.approx(1.0)
+    assert t1["parity_check"]["regular_gpt_c2"]["mean"] == pytest.approx(0.8)
+    assert t1["parity_check"]["lstm"]["n"] == 1
+    t2 = table2(finished, "parity_check", [0.1, 0.5], ["regular_gpt_c2", "lstm"])
+    assert t2["extrapolation"]["regular_gpt_c2"]["0.1"]["mean"] == pytest.approx(0.65)
+    assert t2["train_lengths"]["regular_gpt_c2"]["0.1"]["max"] == pytest.approx(0.9)
+    assert t2["extrapolation"]["regular_gpt_c2"]["0.5"]["max"] == pytest.approx(1.0)  # P = 0.5 is range.jsonl
+
+    paths = write_tables(runs, "quick", tmp_path, tasks=["parity_check"], models=["regular_gpt_c2", "lstm"],
+                         table2_task="parity_check", table2_p_one=[0.1, 0.5], command=["eval/formal.py", "aggregate"])
+    text = (tmp_path / "table1_quick.md").read_text()
+    assert len(paths) == 4 and "1.000 / 0.800 (2)" in text and "7..12" in text and "Commit:" in text
+    assert json.loads((tmp_path / "table2_quick.json").read_text())["table"] == json.loads(json.dumps(t2))
+
+
+def test_sweep_skips_finished_runs(tmp_path: Path) -> None:
+    configs = tmp_path / "configs"
+    (configs / "models").mkdir(parents=True)
+    (configs / "profiles").mkdir()
+    (configs / "parity_check.json").write_text(json.dumps(tiny_raw(steps=2, save_every=0)))
+    (configs / "models" / "c2.json").write_text(json.dumps({"model": {"chunk_size": 2}}))
+    (configs / "profiles" / "t.json").write_text(json.dumps({
+        "name": "t", "description": "test", "tasks": ["parity_check"], "models": ["c2"], "seeds": [0, 1],
+        "lrs": {"*/*": [0.01]}, "overrides": {"*/c2": {"train": {"steps": 3}}}, "eval_lengths": "1-2,7-12:5",
+        "table2_task": "parity_check", "table2_p_one": [0.3, 0.5]}))
+    profile = load_profile("t", configs)
+    specs = plan_runs(profile, tmp_path / "runs", configs_dir=configs)
+    assert [s.name for s in specs] == ["parity_check/c2/seed0_lr0.01", "parity_check/c2/seed1_lr0.01"]
+    assert specs[0].cfg.train.steps == 3 and specs[0].eval_lengths == [1, 2, 7, 12]
+    first = run_sweep(specs)
+    assert [r["error"] for r in first] == ["", ""]
+    assert sorted(p.name for p in specs[0].run_dir.glob("range*.jsonl")) == ["range.jsonl", "range_p0.3.jsonl"]
+    assert run_sweep(specs) == []  # everything finished: nothing runs again
+
+
+def test_shipped_formal_configs_match_their_tasks() -> None:
+    names = sorted(p.stem for p in CONFIGS.glob("*.json") if p.stem != "base")
+    assert {"even_pairs", "parity_check", "dyck_12", "tomita_7", "modular_arithmetic_3"} <= set(names)
+    for profile_name in ("paper", "quick"):
+        profile = load_profile(profile_name, CONFIGS)
+        specs = plan_runs(profile, "unused", configs_dir=CONFIGS, tasks=names, seeds=[0])
+        assert {s.task_id for s in specs} == set(names)
+
+
+def _load_script(relative: str) -> ModuleType:
+    """A thin CLI script (launch/, eval/ are not packages) loaded as a module."""
+    path = CONFIGS.parent.parent / relative
+    spec = importlib.util.spec_from_file_location(path.stem + "_cli", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_command_lines_train_and_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(tiny_raw(steps=2)))
+    train = _load_script("launch/train_formal.py")
+    assert train.main(["--config", str(config), "--set", "model.vocab_size=5", "--run-dir", str(tmp_path / "x")]) == 2
+    assert "model.vocab_size = 5" in capsys.readouterr().err
+    assert train.main(["--config", str(config), "--run-dir", str(tmp_path / "run")]) == 0
+    cli = _load_script("eval/formal.py")
+    out = tmp_path / "range.jsonl"
+    assert cli.main(["range", "--run", str(tmp_path / "run"), "--lengths", "1-2,7-12:5", "--samples", "8",
+                     "--out", str(out)]) == 0
+    assert sorted(read_rows(out)) == [1, 2, 7, 12]
+    assert "over 2 evaluated lengths in 7..12, 8 sequences" in capsys.readouterr().out

@@ -1,0 +1,317 @@
+"""Pretraining end to end on CPU: ZeRO 1/2/3 with two processes (gloo), exact resume after a kill and after
+SIGTERM, export from ZeRO-3, keep-last-k, wandb offline, and the setup errors a user can hit.
+
+Runs use launch/pretrain.py as a subprocess (torchrun, the deepspeed launcher, or plain python) with
+OMP_NUM_THREADS=1, which makes CPU training bit-for-bit deterministic for a fixed number of processes: each op runs
+single-threaded in a fixed order, gloo reduces in a fixed order, and every batch is a function of (seed, step,
+micro_step, rank). The DeepSpeed shm op is never compiled (launch/pretrain.py skips it on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY = [
+    "model.vocab_size=512", "model.d_model=32", "model.n_heads=2", "model.chunk_size=4", "model.thickness=2",
+    "data.seq_len=32", "train.batch_size=4", "train.steps=12", "train.lr=0.003", "train.log_every=1",
+    "train.eval_every=6", "train.eval_batches=2", "train.save_every=3", "train.keep_last=2", "logging.progress=false",
+]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """A tiny prepared data folder: 400 kB of the Python stdlib, BPE vocabulary 512 (about 2 s)."""
+    from regulargpt.data import prepare
+
+    out = tmp_path_factory.mktemp("data") / "stdlib"
+    prepare("python-stdlib", out, vocab_size=512, max_bytes=400_000, val_fraction=0.2, num_proc=1)
+    return out
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _command(nproc: int, launcher: str) -> list[str]:
+    script = str(ROOT / "launch" / "pretrain.py")
+    if nproc == 1:
+        return [sys.executable, script]
+    if launcher == "deepspeed":
+        return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(_free_port()), script]
+    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), script]
+
+
+def _args(data_dir: Path, run_dir: Path, *sets: str) -> list[str]:
+    args = ["--config", str(ROOT / "configs/tiny/regular_gpt.json"), "--run-dir", str(run_dir)]
+    for item in [f"data.path={data_dir}", *TINY, *sets]:
+        args += ["--set", item]
+    return args
+
+
+def _train(data_dir: Path, run_dir: Path, *sets: str, nproc: int = 1, launcher: str = "torchrun",
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(_command(nproc, launcher) + _args(data_dir, run_dir, *sets), cwd=ROOT,
+                          env=env or _env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in _metrics(run_dir)}
+
+
+def _interrupt(cmd: list[str], run_dir: Path, sig: int, after_latest: int = 1) -> subprocess.Popen:
+    """Start a run, wait until `latest` names a checkpoint ≥ after_latest, send `sig` to the process group."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        latest = run_dir / "latest"
+        if latest.is_file() and int(latest.read_text().strip().removeprefix("global_step")) >= after_latest:
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
+    proc.wait(timeout=120)
+    return proc
+
+
+def _checkpoints(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.glob("global_step*"))
+
+
+# --------------------------------------------------------------------------------- two processes, ZeRO 1/2/3
+
+
+@pytest.fixture(scope="module")
+def zero3_run(data_dir, tmp_path_factory) -> Path:
+    """Two processes, ZeRO-3, bf16, activation checkpointing; the reference for the resume and export tests."""
+    run_dir = tmp_path_factory.mktemp("z3") / "run"
+    _train(data_dir, run_dir, "train.zero_stage=3", "train.precision=bf16", "train.activation_checkpointing=true",
+           nproc=2)
+    return run_dir
+
+
+def _assert_loss_falls(run_dir: Path) -> None:
+    losses = [r["loss"] for r in _metrics(run_dir)]
+    assert len(losses) == 12
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+
+
+@pytest.mark.parametrize("stage,precision,launcher", [(1, "fp32", "deepspeed"), (2, "bf16", "torchrun")])
+def test_two_process_zero_loss_falls(data_dir, tmp_path, stage, precision, launcher):
+    run_dir = tmp_path / "run"
+    proc = _train(data_dir, run_dir, f"train.zero_stage={stage}", f"train.precision={precision}", nproc=2,
+                  launcher=launcher)
+    assert "2 process(es)" in proc.stderr and f"ZeRO {stage}" in proc.stderr
+    _assert_loss_falls(run_dir)
+    rec = _metrics(run_dir)[-1]
+    assert {"loss", "lr", "tokens_per_s", "mfu", "grad_norm", "val_loss"} <= set(rec)
+    assert rec["tokens"] == 12 * 4 * 32 * 2
+    assert (run_dir / "model.pt").is_file()
+
+
+def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, tmp_path):
+    from regulargpt.checkpoint import load_model_file
+    from regulargpt.config import load_config
+    from regulargpt.model import build_model
+
+    _assert_loss_falls(zero3_run)
+    assert _checkpoints(zero3_run) == ["global_step12", "global_step9"]  # keep_last=2 of 3, 6, 9, 12
+    assert (zero3_run / "latest").read_text() == "global_step12"
+    assert (zero3_run / "config.resolved.json").is_file()
+
+    out = tmp_path / "step9.pt"  # the export command, from a ZeRO-3 checkpoint other than the latest
+    proc = subprocess.run([sys.executable, str(ROOT / "launch/export.py"), str(zero3_run), "--step", "9", "--out",
+                           str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for path, step in ((zero3_run / "model.pt", 12), (out, 9)):
+        payload = torch.load(path, weights_only=True)
+        cfg = load_config(ROOT / "configs/tiny/regular_gpt.json", [f"data.path={zero3_run}", *TINY])
+        fresh = build_model(cfg.model)
+        fresh.load_state_dict(payload["state_dict"], strict=True)
+        assert all(v.dtype == torch.float32 for v in payload["state_dict"].values() if v.is_floating_point())
+        assert payload["meta"]["step"] == step
+        _, model, _ = load_model_file(path)
+        with torch.no_grad():
+            assert torch.isfinite(model(torch.randint(0, 512, (1, 40)))).all()
+    a = torch.load(zero3_run / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(out, weights_only=True)["state_dict"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # step 9 and 12 differ
+
+
+def test_zero3_sigterm_through_torchrun_then_resume_is_exact(zero3_run, data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = _command(2, "torchrun") + _args(data_dir, run_dir, "train.zero_stage=3", "train.precision=bf16",
+                                          "train.activation_checkpointing=true")
+    proc = _interrupt(cmd, run_dir, signal.SIGTERM)
+    log = proc.stdout.read()
+    assert "stop requested" in log, log[-3000:]
+    stopped = int((run_dir / "latest").read_text().removeprefix("global_step"))
+    assert stopped < 12 and not (run_dir / "model.pt").exists()
+    again = _train(data_dir, run_dir, "train.zero_stage=3", "train.precision=bf16",
+                   "train.activation_checkpointing=true", nproc=2)
+    assert f"resuming at step {stopped}" in again.stderr
+    assert _losses(run_dir) == _losses(zero3_run)
+    assert _metrics(run_dir)[-1]["val_loss"] == _metrics(zero3_run)[-1]["val_loss"]
+
+
+# ---------------------------------------------------------------------------------------------- one process
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_path):
+    ref = tmp_path / "ref"
+    _train(data_dir, ref)
+    run_dir = tmp_path / "killed"
+    proc = _interrupt(_command(1, "") + _args(data_dir, run_dir), run_dir, signal.SIGKILL, after_latest=3)
+    assert proc.returncode == -signal.SIGKILL
+    partial = run_dir / "global_step99"  # as if a save had been killed half-way: not named by `latest`
+    partial.mkdir()
+    again = _train(data_dir, run_dir)
+    assert "resuming at step" in again.stderr
+    assert not partial.exists()
+    assert _losses(run_dir) == _losses(ref) and len(_losses(ref)) == 12
+    a = torch.load(ref / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(run_dir / "model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    bad = subprocess.run(_command(1, "") + _args(data_dir, run_dir, "train.lr=0.01"), cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "train.lr: run has 0.003, now 0.01" in bad.stderr
+
+
+def test_wandb_offline_without_key_or_network(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    env = _env(HOME=str(tmp_path), WANDB_SILENT="true")
+    for key in ("WANDB_MODE", "WANDB_API_KEY"):
+        env.pop(key, None)
+    _train(data_dir, run_dir, "logging.wandb=true", "train.steps=2", "train.save_every=0", env=env)
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+# --------------------------------------------------------------------------------------- errors, in process
+
+
+@pytest.fixture
+def quiet_env(monkeypatch):
+    """What train() sets for a plain process, restored after the test."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}.items():
+        monkeypatch.setenv(key, value)
+
+
+def _cfg(data_dir: Path, *sets: str):
+    from regulargpt.config import load_config
+
+    return load_config(ROOT / "configs/tiny/regular_gpt.json", [f"data.path={data_dir}", *TINY, *sets])
+
+
+def test_fp16_on_cpu_is_a_clear_error(data_dir, tmp_path, quiet_env):
+    from regulargpt.train import TrainError, train
+
+    with pytest.raises(TrainError, match=r"train.precision='fp16' needs a CUDA GPU.*bf16 or fp32"):
+        train(_cfg(data_dir, "train.precision=fp16"), tmp_path / "run")
+
+
+def test_vocab_mismatch_is_a_clear_error(data_dir, tmp_path, quiet_env):
+    from regulargpt.train import TrainError, train
+
+    with pytest.raises(TrainError, match=r"model.vocab_size=2048 .*vocab_size=512"):
+        train(_cfg(data_dir, "model.vocab_size=2048"), tmp_path / "run")
+    with pytest.raises(TrainError, match="data.path is empty"):
+        train(_cfg(data_dir, "data.path="), tmp_path / "run")
+
+
+def test_run_dir_config_check_prune_and_partial_cleanup(data_dir, tmp_path):
+    from regulargpt.train import TrainError
+    from regulargpt.train import run_dir as rd
+
+    cfg = _cfg(data_dir)
+    rd.check_or_write_config(tmp_path, cfg)
+    rd.check_or_write_config(tmp_path, _cfg(data_dir, "train.log_every=5", "logging.wandb=true"))  # free keys
+    with pytest.raises(TrainError, match=r"model.d_model: run has 32, now 64"):
+        rd.check_or_write_config(tmp_path, _cfg(data_dir, "model.d_model=64"))
+    for s in (3, 6, 9, 12):
+        (tmp_path / f"global_step{s}").mkdir()
+    rd.mark_latest(tmp_path, 9)
+    assert rd.remove_partial_checkpoints(tmp_path) == [12]
+    assert rd.prune_checkpoints(tmp_path, keep=2) == [3]
+    assert _checkpoints(tmp_path) == ["global_step6", "global_step9"]
+    assert rd.default_run_dir("configs/tiny/alibi.json", 3) == Path("runs/alibi-seed3")
+
+
+def test_lr_schedule_and_deepspeed_config(data_dir):
+    from regulargpt.train import deepspeed_config, lr_factor
+
+    cfg = _cfg(data_dir, "train.steps=100", "train.warmup_fraction=0.1", "train.schedule=cosine",
+               "train.min_lr_ratio=0.1", "train.grad_accum=2", "train.zero_stage=2",
+               'deepspeed.zero_optimization={"stage": 2, "overlap_comm": false}')
+    assert lr_factor(0, cfg) == pytest.approx(0.1) and lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(10, cfg) == pytest.approx(1.0) and lr_factor(99, cfg) == pytest.approx(0.1, abs=1e-3)
+    assert lr_factor(55, cfg) == pytest.approx(0.55)  # half way through the cosine: (1 + 0.1) / 2
+    ds = deepspeed_config(cfg, world_size=4)
+    assert ds["train_batch_size"] == 4 * 2 * 4 and ds["gradient_accumulation_steps"] == 2
+    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": False} and ds["bf16"] == {"enabled": False}
+
+
+def test_activation_checkpointing_recomputes_every_application_with_identical_gradients(data_dir):
+    import torch.nn.functional as F
+
+    from regulargpt.model import build_model
+    from regulargpt.train.engine import apply_activation_checkpointing
+
+    for arch in ("architecture=regular_gpt", "architecture=transformer"):
+        cfg = _cfg(data_dir, f"model.{arch}", "model.n_layers=2")
+        torch.manual_seed(0)
+        plain = build_model(cfg.model)
+        torch.manual_seed(0)
+        wrapped = build_model(cfg.model)
+        assert apply_activation_checkpointing(wrapped) == 2  # K=2 shared sub-layers, or 2 dense layers
+        assert list(wrapped.state_dict()) == list(plain.state_dict())
+        x = torch.randint(0, 512, (2, 33))
+        grads = []
+        for model in (plain, wrapped):
+            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, 512), x[:, 1:].reshape(-1))
+            loss.backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5) for n in grads[0])
+        assert all(g.abs().sum() > 0 for n, g in grads[1].items() if "rel_bias" in n or n.endswith("pad"))
+
+
+def test_activation_checkpointing_counts_one_recompute_per_layer_application(data_dir, monkeypatch):
+    from regulargpt.model import build_model
+    from regulargpt.model.layers import TransformerLayer
+    from regulargpt.train.engine import apply_activation_checkpointing
+
+    calls = []
+    original = TransformerLayer.forward
+    monkeypatch.setattr(TransformerLayer, "forward", lambda self, x, attend: calls.append(x.shape[1]) or
+                        original(self, x, attend))
+    model = build_model(_cfg(data_dir).model)  # C=4, K=2, T=32: L=3 depth steps, 6 applications (+ 6 pad states)
+    apply_activation_checkpointing(model)
+    model(torch.randint(0, 512, (1, 32))).sum().backward()
+    assert calls.count(32) == 2 * 6  # each sequence application ran twice: forward and recomputation
