@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
-	$(PY) launch/demo.py --out results/demo
+	$(PY) eval/lm_comparison.py --demo
 
 bench: $(STAMP)
 	$(PY) eval/bench_attention.py --out results/bench_attention.md

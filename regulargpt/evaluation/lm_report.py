@@ -1,0 +1,300 @@
+"""Tables and plots from perplexity rows (``results.jsonl`` of :mod:`regulargpt.evaluation.perplexity`).
+
+Reads only the rows: nothing here runs a model. For every (dataset, split, protocol) group:
+
+* ``table.md``: rows = models, columns = lengths, mean ± std (sample std, n − 1) of ppl over seeds, the best mean
+  per column in bold, the exact token count per length, and the command, git commit, machine and date on top;
+* ``ppl_vs_length.png``: log2 x axis, log y axis, one line per model (mean over seeds) and a min–max seed band;
+* ``loss_vs_position.png``: one panel per model, mean NLL per octave of window position, one line per length.
+
+Example::
+
+    rows = load_rows("results/lm/results.jsonl")
+    write_report(rows, "results/lm", command="python eval/extrapolate.py ...")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from regulargpt.io import atomic_write_bytes, atomic_write_text
+
+__all__ = [
+    "aggregate",
+    "latest_rows",
+    "load_rows",
+    "markdown_table",
+    "plot_loss_vs_position",
+    "plot_ppl_vs_length",
+    "provenance",
+    "write_report",
+]
+
+Row = dict[str, Any]
+_KEY = ("run", "dataset", "split", "length", "protocol", "stride", "tokens")
+
+
+def load_rows(path: str | Path) -> list[Row]:
+    """Complete JSON lines of a results file (a torn last line is ignored)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def latest_rows(rows: Sequence[Row]) -> list[Row]:
+    """The last row per key (run, dataset, split, length, protocol, stride, tokens), in first-seen order."""
+    latest: dict[tuple[Any, ...], Row] = {}
+    for row in rows:
+        latest[tuple(row.get(k) for k in _KEY)] = row
+    return list(latest.values())
+
+
+def _git(*args: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def provenance(command: str) -> dict[str, str]:
+    """Command, git commit (``+dirty`` when the tree has uncommitted changes), machine and UTC date."""
+    import torch
+
+    commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    machine = (f"{platform.node()} ({cpu}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}, "
+               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    return {"command": command, "commit": commit, "machine": machine,
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def aggregate(rows: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Group → {"lengths", "models" (first-seen order), "cells" {(model, L): [ppl per seed]}, "skipped", "tokens",
+    "stride", "train_length", "params"} over the latest completed rows."""
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in latest_rows(rows):
+        g = groups.setdefault((row["dataset"], row["split"], row["protocol"]), {
+            "lengths": set(), "models": {}, "cells": defaultdict(list), "skipped": {}, "tokens": {}, "stride": {},
+            "train_length": set(), "params": defaultdict(set), "seeds": defaultdict(set)})
+        model, length = row["model"], row["length"]
+        g["lengths"].add(length)
+        g["models"].setdefault(model, None)
+        g["train_length"].add(row.get("train_length"))
+        g["params"][model].add(row.get("params"))
+        g["stride"][length] = row["stride"]
+        if row.get("skipped"):
+            g["skipped"][(model, length)] = row["skipped"]
+            continue
+        g["cells"][(model, length)].append(row["ppl"])
+        g["seeds"][model].add(row["seed"])
+        g["tokens"][length] = row["tokens"]
+    for g in groups.values():
+        g["lengths"] = sorted(g["lengths"])
+        g["models"] = list(g["models"])
+    return groups
+
+
+def _fmt(values: list[float]) -> str:
+    mean = float(np.mean(values))
+    digits = 2 if mean < 1000 else 0
+    if len(values) < 2:
+        return f"{mean:,.{digits}f}"
+    return f"{mean:,.{digits}f} ± {float(np.std(values, ddof=1)):,.{digits}f}"
+
+
+def markdown_table(group: dict[str, Any]) -> str:
+    """One group's table (see the module docstring), with footnotes for skipped cells."""
+    lengths, models = group["lengths"], group["models"]
+    train = {t for t in group["train_length"] if t}
+    train_len = next(iter(train)) if len(train) == 1 else None
+    heads = [f"{L} ({L / train_len:g}×)" if train_len else str(L) for L in lengths]
+    lines = ["| model | params | seeds | " + " | ".join(heads) + " |", "|---|---:|---:|" + "---:|" * len(lengths)]
+    best = {L: min((np.mean(group["cells"][(m, L)]) for m in models if group["cells"].get((m, L))), default=None)
+            for L in lengths}
+    notes: dict[str, int] = {}
+    for m in models:
+        cells = []
+        for L in lengths:
+            values = group["cells"].get((m, L))
+            if values:
+                text = _fmt(values)
+                cells.append(f"**{text}**" if np.mean(values) == best[L] and len(models) > 1 else text)
+            elif (m, L) in group["skipped"]:
+                mark = notes.setdefault(group["skipped"][(m, L)], len(notes) + 1)
+                cells.append(f"skipped [{mark}]")
+            else:
+                cells.append("—")
+        params = "/".join(f"{p / 1e6:.3f}M" for p in sorted(p for p in group["params"][m] if p))
+        lines.append(f"| {m} | {params} | {len(group['seeds'][m])} | " + " | ".join(cells) + " |")
+    tokens = group["tokens"]
+    if tokens and len(set(tokens.values())) == 1:
+        lines.append(f"\nEvery length scores the same {next(iter(tokens.values())):,} tokens.")
+    elif tokens:
+        lines.append("\nTokens scored per length: " + ", ".join(f"{L}: {tokens[L]:,}" for L in sorted(tokens)) + ".")
+    for reason, mark in notes.items():
+        lines.append(f"\n[{mark}] skipped: {reason}")
+    return "\n".join(lines)
+
+
+def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: str = "Perplexity vs evaluation length",
+                 extra: str = "") -> None:
+    """Write table.md, ppl_vs_length.png and loss_vs_position.png into `out_dir` from the rows."""
+    out_dir = Path(out_dir)
+    prov = provenance(command)
+    groups = aggregate(rows)
+    parts = [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
+             f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
+    if extra:
+        parts += [extra, ""]
+    for (dataset, split, protocol), g in groups.items():
+        strides = sorted(set(g["stride"].values()))
+        how = ("non-overlapping windows (every token of every window scored)" if protocol == "nonoverlapping"
+               else "sliding windows, stride " + ("L/2" if all(g["stride"][L] == max(1, L // 2) for L in g["lengths"])
+                                                  else ", ".join(map(str, strides))))
+        intro = (f"Perplexity (exp of the mean token NLL), {how}; mean ± sample std over seeds; best mean per "
+                 f"length in bold. Column headers: evaluation length (multiple of the training length).")
+        parts += [f"## {dataset} · {split} split · {protocol}", "", intro, "", markdown_table(g), ""]
+    atomic_write_text(out_dir / "table.md", "\n".join(parts).rstrip() + "\n")
+    plot_ppl_vs_length(rows, out_dir / "ppl_vs_length.png")
+    plot_loss_vs_position(rows, out_dir / "loss_vs_position.png")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _plain_ticks(ax: Any, lengths: list[int]) -> None:
+    """Tick labels as plain numbers: the evaluation lengths on x, %g on a log y axis (not 2^k or a×10^b)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_xticks(lengths, [str(L) for L in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+
+
+def plot_ppl_vs_length(rows: Sequence[Row], path: str | Path) -> None:
+    """Mean ppl per model against length (log2 x, log y), min–max over seeds as a band; one panel per group."""
+    plt = _pyplot()
+    groups = aggregate(rows)
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(6.5 * max(1, len(groups)), 4.5), squeeze=False)
+    for ax, ((dataset, split, protocol), g) in zip(axes[0], groups.items()):
+        for m in g["models"]:
+            xs = [L for L in g["lengths"] if g["cells"].get((m, L))]
+            if not xs:
+                continue
+            vals = [g["cells"][(m, L)] for L in xs]
+            mean = [float(np.mean(v)) for v in vals]
+            (line,) = ax.plot(xs, mean, marker="o", label=m)
+            if any(len(v) > 1 for v in vals):
+                ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals], color=line.get_color(), alpha=0.2)
+        for t in sorted(t for t in g["train_length"] if t):
+            ax.axvline(t, color="grey", linestyle="--", linewidth=1, label=f"training length {t}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _plain_ticks(ax, g["lengths"])
+        ax.set_xlabel("evaluation length L (tokens)")
+        ax.set_ylabel("perplexity")
+        ax.set_title(f"{dataset} ({split}, {protocol})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    _save(fig, Path(path))
+    plt.close(fig)
+
+
+def _position_curves(rows: Sequence[Row], group: tuple[str, str, str],
+                     min_tokens: int = 64) -> dict[str, dict[int, tuple[list, list]]]:
+    """model → length → (bucket centres, token-weighted mean NLL over seeds), leaving out buckets with fewer than
+    `min_tokens` tokens (the first octaves of a long window hold one token per window: noise, not a curve)."""
+    acc: dict[str, dict[int, dict[tuple[int, int], list[float]]]] = defaultdict(lambda: defaultdict(dict))
+    for row in latest_rows(rows):
+        if (row["dataset"], row["split"], row["protocol"]) != group or row.get("skipped"):
+            continue
+        for b in row.get("per_position", []):
+            s = acc[row["model"]][row["length"]].setdefault((b["start"], b["end"]), [0.0, 0])
+            s[0] += b["nll"] * b["tokens"]
+            s[1] += b["tokens"]
+    out: dict[str, dict[int, tuple[list, list]]] = {}
+    for model, by_len in acc.items():
+        out[model] = {}
+        for length, buckets in sorted(by_len.items()):
+            keys = sorted(k for k, (_, n) in buckets.items() if n >= min_tokens)
+            centres = [math.sqrt(max(a, 0.5) * max(e - 1, 0.5)) if e - a > 1 else max(a, 0.5) for a, e in keys]
+            out[model][length] = (centres, [buckets[k][0] / buckets[k][1] for k in keys])
+    return out
+
+
+def plot_loss_vs_position(rows: Sequence[Row], path: str | Path) -> None:
+    """Per model, mean NLL per octave of window position (octaves with >= 64 scored tokens), one line per evaluation
+    length: where a model breaks."""
+    plt = _pyplot()
+    groups = list(aggregate(rows).items())
+    curves = [(key, g, _position_curves(rows, key)) for key, g in groups]
+    ncols = max(1, max((len(g["models"]) for _, g in groups), default=1))
+    ncols = min(ncols, 4)
+    nrows = sum(-(-len(g["models"]) // ncols) for _, g in groups) or 1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.3 * nrows), squeeze=False, sharey="row",
+                             layout="constrained")
+    cmap = plt.get_cmap("viridis")
+    r = 0
+    for key, g, by_model in curves:
+        for i, model in enumerate(g["models"]):
+            ax = axes[r + i // ncols][i % ncols]
+            lengths = sorted(by_model.get(model, {}))
+            for j, length in enumerate(lengths):
+                xs, ys = by_model[model][length]
+                ax.plot(xs, ys, marker=".", color=cmap(j / max(1, len(lengths) - 1)), label=f"L={length}")
+            for t in sorted(t for t in g["train_length"] if t):
+                ax.axvline(t, color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_title(f"{model} · {key[0]}", fontsize=9)
+            ax.set_xlabel("position in window")
+            ax.set_ylabel("mean NLL (nats)")
+            ax.grid(True, alpha=0.3)
+            if lengths:
+                ax.legend(fontsize=6)
+        used = len(g["models"])
+        for i in range(used, -(-used // ncols) * ncols):
+            axes[r + i // ncols][i % ncols].axis("off")
+        r += -(-used // ncols)
+    _save(fig, Path(path))
+    plt.close(fig)

@@ -1,0 +1,236 @@
+"""Perplexity sweeps (eval/extrapolate.py, regulargpt.evaluation.perplexity): token accounting of both protocols,
+uniform logits → ppl = vocab size, nonoverlapping = sliding at stride L, 2 processes = 1 process, resume, skipped
+rows, clear errors, report files. Tiny data written directly (manifest + .bin), tiny untrained models."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from regulargpt.checkpoint import save_model_file
+from regulargpt.config import Config, DataConfig, ModelConfig, TrainConfig
+from regulargpt.evaluation.lm_report import load_rows, write_report
+from regulargpt.evaluation.perplexity import (
+    EvalError,
+    ResultsFile,
+    plan_tokens,
+    plan_windows,
+    position_buckets,
+    sweep,
+)
+from regulargpt.model import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB, TRAIN_LEN, STREAM = 61, 16, 1100
+
+
+def _write_data(folder: Path, tokens: np.ndarray, tokenizer: bytes = b"fake sentencepiece model") -> Path:
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.model").write_bytes(tokenizer)
+    splits = {}
+    for name, part in (("train", tokens[:100]), ("val", tokens[:50]), ("test", tokens)):
+        part.astype(np.uint16).tofile(folder / f"{name}.bin")
+        splits[name] = {"tokens": len(part), "documents": 1, "file": f"{name}.bin"}
+    manifest = {"format_version": 1, "dtype": "uint16", "vocab_size": VOCAB, "splits": splits,
+                "tokenizer": {"file": "tokenizer.model", "sha256": hashlib.sha256(tokenizer).hexdigest()}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(0)
+    return _write_data(tmp_path_factory.mktemp("data") / "tinyset", rng.integers(0, VOCAB, STREAM))
+
+
+def _run(folder: Path, data: Path, seed: int = 0, uniform: bool = False, meta: dict | None = None,
+         **model: object) -> str:
+    fields: dict[str, object] = {"vocab_size": VOCAB, "d_model": 16, "n_heads": 2, "n_layers": 2, "ffn_mult": 2,
+                                 "chunk_size": 2, "thickness": 1, "architecture": "transformer", "position": "alibi"}
+    fields.update(model)
+    cfg = Config(model=ModelConfig(**fields), data=DataConfig(path=str(data), seq_len=TRAIN_LEN),
+                 train=TrainConfig(seed=seed))
+    torch.manual_seed(seed)
+    net = build_model(cfg.model)
+    if uniform:
+        torch.nn.init.zeros_(net.head.proj.weight)  # every logit 0 → uniform next-token distribution
+    save_model_file(folder / "model.pt", cfg, net, meta or {"step": 0})
+    return str(folder)
+
+
+# ------------------------------------------------------------------------------------------------ accounting
+
+
+@pytest.mark.parametrize("n,length,stride", [(10, 4, 2), (64, 16, 16), (100, 16, 5), (97, 32, 1), (33, 33, 7)])
+def test_sliding_scores_every_target_once_with_context(n: int, length: int, stride: int) -> None:
+    plan = plan_windows(n, length, "sliding", stride)
+    hits = np.zeros(n + 1, dtype=int)
+    for w, (start, first) in enumerate(zip(plan.starts, plan.score_from)):
+        assert 0 <= start and start + length <= n  # inputs start..start+L-1, targets up to start+L <= n
+        hits[start + 1 + first: start + length + 1] += 1
+        if w:
+            assert first >= length - stride  # at least L - S inputs before every scored target after window 0
+    assert hits[0] == 0 and (hits[1:] == 1).all() and plan.tokens == n
+
+
+def test_nonoverlapping_windows_and_equal_counts_across_lengths() -> None:
+    counts = plan_tokens(5000, [16, 32, 64, 128])
+    assert counts == {16: 4992, 32: 4992, 64: 4992, 128: 4992}  # 39 windows of 128, rounded to the lcm
+    plan = plan_windows(counts[32], 32, "nonoverlapping")
+    assert plan.starts.tolist() == list(range(0, 4992, 32)) and (plan.score_from == 0).all() and plan.tokens == 4992
+    assert plan_tokens(5000, [16, 6000]) == {16: 4992, 6000: 0}  # the long length does not fit: 0 → skipped
+    assert plan_tokens(5000, [16, 128], requested=1000) == {16: 896, 128: 896}
+    assert plan_tokens(5000, [100, 128]) == {100: 3200, 128: 3200}  # lcm 3200
+    assert plan_tokens(5000, [100, 129]) == {100: 4900, 129: 4902}  # lcm too big: N = 38·129, ⌊N/L⌋·L each
+    assert plan_tokens(5000, [100, 129], protocol="sliding") == {100: 4902, 129: 4902}
+    with pytest.raises(EvalError, match="at least 128"):
+        plan_tokens(5000, [16, 128], requested=100)
+    with pytest.raises(EvalError, match=">= 1"):
+        plan_tokens(5000, [0, 16])
+
+
+def test_position_buckets_are_octaves() -> None:
+    sums, counts = np.arange(10, dtype=float), np.ones(10, dtype=int)
+    buckets = position_buckets(sums, counts)
+    assert [(b["start"], b["end"], b["tokens"]) for b in buckets] == [(0, 1, 1), (1, 2, 1), (2, 4, 2), (4, 8, 4), (8, 10, 2)]
+    assert buckets[3]["nll"] == pytest.approx(5.5)
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+
+
+def test_uniform_logits_give_ppl_equal_to_vocab_size_in_both_protocols(data: Path, tmp_path: Path) -> None:
+    run = _run(tmp_path / "uniform", data, uniform=True)
+    rows = sweep([run], data, "test", [16, 64, 256], tmp_path / "out", progress=False)
+    rows += sweep([run], data, "test", [16, 64, 256], tmp_path / "out", protocol="sliding", progress=False)
+    assert len(rows) == 6
+    for row in rows:
+        assert math.isclose(row["ppl"], VOCAB, rel_tol=1e-6)
+        assert row["tokens"] == 1024  # 4 windows of 256; the same targets at every length and protocol
+        assert all(math.isclose(b["nll"], math.log(VOCAB), rel_tol=1e-6) for b in row["per_position"])
+        assert sum(b["tokens"] for b in row["per_position"]) == row["tokens"]
+
+
+def test_nonoverlapping_equals_sliding_with_stride_l_at_training_length(data: Path, tmp_path: Path) -> None:
+    runs = [_run(tmp_path / "alibi", data), _run(tmp_path / "regular", data, architecture="regular_gpt",
+                                                   position="none")]
+    for run in runs:
+        a = sweep([run], data, "test", [TRAIN_LEN], tmp_path / "a", progress=False)[0]
+        b = sweep([run], data, "test", [TRAIN_LEN], tmp_path / "b", protocol="sliding", stride=TRAIN_LEN,
+                  progress=False)[0]
+        assert (a["tokens"], a["windows"], a["stride"]) == (b["tokens"], b["windows"], b["stride"])
+        assert a["nll"] == b["nll"] and a["per_position"] == b["per_position"]
+        half = sweep([run], data, "test", [TRAIN_LEN], tmp_path / "c", protocol="sliding", progress=False)[0]
+        assert half["stride"] == TRAIN_LEN // 2 and half["tokens"] == a["tokens"] and half["nll"] != a["nll"]
+
+
+def test_resume_skips_done_rows_and_repairs_a_torn_line(data: Path, tmp_path: Path) -> None:
+    run, out = _run(tmp_path / "r", data), tmp_path / "out"
+    assert len(sweep([run], data, "test", [16, 32], out, progress=False)) == 2
+    with open(out / "results.jsonl", "ab") as f:
+        f.write(b'{"run": "torn by a cra')  # a crash in the middle of an append
+    rows = sweep([run], data, "test", [16, 32, 64], out, progress=False)
+    assert [r["length"] for r in rows] == [64]
+    assert [r["length"] for r in ResultsFile(out / "results.jsonl").rows] == [16, 32, 64]
+    assert sweep([run], data, "test", [16, 32, 64], out, progress=False) == []
+
+
+def test_lengths_that_cannot_run_get_skipped_rows(data: Path, tmp_path: Path) -> None:
+    run = _run(tmp_path / "r", data)
+    rows = sweep([run], data, "test", [16, 512], tmp_path / "out", memory_gb=5e-4, progress=False)
+    assert rows[0]["ppl"] is not None
+    assert rows[1]["ppl"] is None and rows[1]["skipped"].startswith("needs ~") and "GiB" in rows[1]["skipped"]
+    rows = sweep([run], data, "test", [16, 512], tmp_path / "out", memory_gb=4.0, progress=False)  # bigger budget: retried
+    assert [r["length"] for r in rows] == [512] and rows[0]["ppl"] is not None
+    learned = _run(tmp_path / "learned", data, position="learned", max_positions=32)
+    rows = sweep([learned], data, "test", [32, 64, 4096], tmp_path / "out2", progress=False)
+    assert rows[0]["ppl"] is not None
+    assert "max_positions=32" in rows[1]["skipped"] and "fewer than one window" in rows[2]["skipped"]
+
+
+def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "r", data)
+    with pytest.raises(EvalError, match="does not exist"):
+        sweep([run], tmp_path / "no-such-data", "test", [16], tmp_path / "out", progress=False)
+    with pytest.raises(EvalError, match="no model.pt"):
+        sweep([str(tmp_path)], data, "test", [16], tmp_path / "out", progress=False)
+    other = _write_data(tmp_path / "other", np.arange(200) % VOCAB, tokenizer=b"another tokenizer")
+    with pytest.raises(EvalError, match="tokenizer sha256"):
+        sweep([run], other, "test", [16], tmp_path / "out", progress=False)
+    stamped = _run(tmp_path / "stamped", data, meta={"tokenizer_sha256": "0" * 64})
+    with pytest.raises(EvalError, match="tokenizer sha256 000000000000"):
+        sweep([stamped], data, "test", [16], tmp_path / "out", progress=False)
+    wide = _run(tmp_path / "wide", data, vocab_size=VOCAB + 3)
+    with pytest.raises(EvalError, match="vocab_size 64 does not match"):
+        sweep([wide], data, "test", [16], tmp_path / "out", progress=False)
+    with pytest.raises(EvalError, match="lengths"):
+        sweep([run], data, "test", [0, 16], tmp_path / "out", progress=False)
+    with pytest.raises(SystemExit) as exit_info:
+        _cli().main(["--runs", run, "--data", str(data), "--out", str(tmp_path / "o"), "--lengths", "0,16"])
+    assert exit_info.value.code == 2 and "lengths must be integers >= 1" in capsys.readouterr().err
+    assert _cli().main(["--runs", run, "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- CLI and 2 processes
+
+
+def _cli() -> ModuleType:
+    """eval/extrapolate.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("extrapolate_cli", ROOT / "eval" / "extrapolate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> None:
+    runs = [_run(tmp_path / "a0", data, seed=0), _run(tmp_path / "a1", data, seed=1),
+            _run(tmp_path / "g0", data, architecture="regular_gpt", position="none")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same kernels as the single-threaded subprocesses
+    try:
+        one = sweep(runs, data, "test", [16, 64, 256], tmp_path / "one", protocol="sliding", batch_size=1,
+                    progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    write_report(load_rows(tmp_path / "one" / "results.jsonl"), tmp_path / "one", command="pytest")
+    port = str(_free_port())
+    args = [sys.executable, "eval/extrapolate.py", "--runs", *runs, "--data", str(data), "--lengths", "16,64,256",
+            "--protocol", "sliding", "--batch-size", "1", "--no-progress", "--device", "cpu", "--out",
+            str(tmp_path / "two")]
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "LOCAL_RANK": str(r),
+                                   "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+             for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    two = load_rows(tmp_path / "two" / "results.jsonl")
+    assert len(one) == len(two) == 9 and all(r["world_size"] == 2 for r in two)
+    for a, b in zip(one, two):
+        assert (a["run"], a["length"], a["tokens"], a["windows"]) == (b["run"], b["length"], b["tokens"], b["windows"])
+        assert math.isclose(a["nll"], b["nll"], rel_tol=1e-12)
+        assert [x["tokens"] for x in a["per_position"]] == [x["tokens"] for x in b["per_position"]]
+    for out in ("one", "two"):  # the library call and rank 0 of the CLI both write the report
+        table = (tmp_path / out / "table.md").read_text()
+        assert "Git commit" in table and "Every length scores the same 1,024 tokens." in table
+        assert "| ALiBi |" in table and "| RegularGPT C2 K1 |" in table and "16 (1×)" in table
+        for name in ("ppl_vs_length.png", "loss_vs_position.png"):
+            assert (tmp_path / out / name).read_bytes()[:4] == b"\x89PNG"
