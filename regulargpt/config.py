@@ -39,6 +39,7 @@ __all__ = [
     "config_to_dict",
     "apply_overrides",
     "save_config",
+    "merge_dicts",
 ]
 
 
@@ -344,11 +345,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge_dicts(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict merge; `over` wins. Lists and scalars are replaced, objects merged key by key."""
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = merge_dicts(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
@@ -362,7 +363,7 @@ def _load_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         return raw
     if not isinstance(parent, str):
         raise ConfigError(f"{path}: extends: {parent!r} has the wrong type; expected a relative path string")
-    return _merge(_load_raw(path.parent / parent, chain + (path,)), raw)
+    return merge_dicts(_load_raw(path.parent / parent, chain + (path,)), raw)
 
 
 def _parse_override_value(text: str, tp: Any, where: str) -> Any:

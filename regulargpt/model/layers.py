@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from regulargpt.config import Config
+from regulargpt.config import Config, merge_dicts
 
 __all__ = [
     "TrainError",
@@ -120,13 +120,6 @@ def skip_shm_build(force: bool = False) -> bool:
 # ------------------------------------------------------------------------------------------- deepspeed config
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config for `cfg`: batch sizes, ZeRO stage, precision, clipping; ``cfg.deepspeed`` merged last.
 
@@ -146,7 +139,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
         "steps_per_print": 1 << 30,  # we print our own progress
         "wall_clock_breakdown": False,
     }
-    return _merge(ds, cfg.deepspeed)
+    return merge_dicts(ds, cfg.deepspeed)
 
 
 # ------------------------------------------------------------------------------------------ optimizer + schedule
