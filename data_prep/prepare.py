@@ -16,12 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
 
-from regulargpt.data import DataError, prepare  # noqa: E402
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.data import prepare  # noqa: E402
 from regulargpt.data.sources import KNOWN_SOURCES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the flags, run `regulargpt.data.prepare`, print errors as one line (exit 2)."""
+    """Parse the flags and run `regulargpt.data.prepare` (under cli.run: a DataError is one line, exit 2)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", required=True,
                    help=f"a file, folder or glob (txt: one document per file; jsonl/json/parquet: one per row), "
@@ -43,16 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if the folder is up to date")
     args = p.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    try:
-        prepare(args.source, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer, max_bytes=args.max_bytes,
-                seed=args.seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-                text_field=args.text_field, num_proc=args.num_proc, cache_dir=args.cache_dir, force=args.force,
-                command=command)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prepare(args.source, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer, max_bytes=args.max_bytes,
+            seed=args.seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
+            text_field=args.text_field, num_proc=args.num_proc, cache_dir=args.cache_dir, force=args.force,
+            command=command)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -19,6 +19,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from regulargpt.io import atomic_write_text
+
 _WORKER = textwrap.dedent(
     """
     import json, sys, time, torch
@@ -155,8 +157,7 @@ def main() -> None:
         ratio = f"{k0['peak_mib'] / row['qkvo_mib']:.2f}×" if "peak_mib" in k0 else "-"
         lines.append(f"| {row['T']} | {row['qkvo_mib']:.0f} | " + " | ".join(cell(row[m], "peak_mib", ".0f") for m in methods)
                      + f" | {ratio} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 
 

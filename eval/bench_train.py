@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import git_commit, machine  # noqa: E402  (sibling script)
 
 from regulargpt.config import load_config  # noqa: E402
+from regulargpt.io import atomic_write_text  # noqa: E402
 
 _WORKER = textwrap.dedent(
     """
@@ -135,8 +136,7 @@ def main() -> None:
         lines.append(f"| {r['config']} | {r['model']} | {r['T']} | {r['batch']} | {r['layer_applications']} | "
                      f"{r['params'] / 1e6:.2f}M | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
                      f"{r['peak_rss_mib']:.0f} | {ratio_to(r, 'transformer/alibi')} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 
 

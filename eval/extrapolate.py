@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from regulargpt.checkpoint import CheckpointError
+from regulargpt.cli import run
 from regulargpt.evaluation.lm_report import load_rows, write_report
 from regulargpt.evaluation.perplexity import EvalError, distributed_context, sweep
 
@@ -96,4 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

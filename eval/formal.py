@@ -20,15 +20,17 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
 
-from regulargpt.checkpoint import load_model_file
-from regulargpt.config import ConfigError
-from regulargpt.evaluation.formal import parse_lengths, range_evaluate, range_score
-from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
-from regulargpt.evaluation.formal_tables import write_tables
-from regulargpt.tasks import make_task
-from regulargpt.train.formal import MODEL_FILE
+import torch  # noqa: E402
+
+from regulargpt.checkpoint import load_model_file  # noqa: E402
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.evaluation.formal import check_lengths, parse_lengths, range_evaluate, range_score  # noqa: E402
+from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep  # noqa: E402
+from regulargpt.evaluation.formal_tables import write_tables  # noqa: E402
+from regulargpt.tasks import make_task  # noqa: E402
+from regulargpt.train.formal import MODEL_FILE  # noqa: E402
 
 
 def cmd_range(args: argparse.Namespace) -> int:
@@ -40,8 +42,9 @@ def cmd_range(args: argparse.Namespace) -> int:
     task = make_task(cfg.data.task, **options)
     max_length = args.max_length or cfg.eval.max_length
     samples = args.samples or cfg.eval.samples_per_length
-    rows = range_evaluate(model, task, parse_lengths(args.lengths, max_length), samples, args.out,
-                          progress=cfg.logging.progress)
+    lengths = parse_lengths(args.lengths, max_length)
+    check_lengths(cfg.model, lengths, args.run)
+    rows = range_evaluate(model, task, lengths, samples, args.out, progress=cfg.logging.progress)
     lo = cfg.eval.score_min_length
     scored = [t for t in rows if lo <= t <= max_length]
     print(f"score (mean accuracy over {len(scored)} evaluated lengths in {lo}..{max_length}, {samples} sequences "
@@ -106,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_aggregate)
 
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    for flag, low in (("max_length", 0), ("samples", 0), ("threads", 1), ("workers", 1)):
+        value = getattr(args, flag, low)  # not every subcommand has every flag
+        if value < low:
+            parser.error(f"--{flag.replace('_', '-')} {value}: expected an integer >= {low}")
+    return args.func(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

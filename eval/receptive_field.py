@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from regulargpt.checkpoint import load_model_file
+from regulargpt.cli import run
 from regulargpt.evaluation.lm_report import provenance
 from regulargpt.evaluation.receptive_field import (
     formal_batch,
@@ -98,4 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from regulargpt.checkpoint import load_model_file
+from regulargpt.cli import run
 from regulargpt.evaluation.lm_report import provenance
 from regulargpt.evaluation.probes import SPAN_TRANSITIONS
 from regulargpt.evaluation.state_clusters import cluster_depth_steps, plot_steps
@@ -92,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

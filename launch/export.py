@@ -7,6 +7,7 @@ Examples:
 One CPU process, no GPU and no torch.distributed needed: ZeRO-1/2/3 partitions of all ranks are gathered from the
 checkpoint files (DeepSpeed's zero_to_fp32), ZeRO-0 bf16 runs use the optimizer's fp32 master weights. The weights are
 loaded into a fresh model (strict) before the file is written. Load it with regulargpt.checkpoint.load_model_file.
+A checkpoint that fails its checksums is refused (exit 2, `error: ...`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
 
+from regulargpt.cli import run  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,16 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="output file (default RUN_DIR/model.pt), e.g. --out exports/rgpt.pt")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only checkpoint files are read
-    from regulargpt.train import TrainError, export_model
+    from regulargpt.train import export_model
 
-    try:
-        path = export_model(args.run_dir, step=args.step, out=args.out)
-    except TrainError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    path = export_model(args.run_dir, step=args.step, out=args.out)
     print(f"wrote {path}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

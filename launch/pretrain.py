@@ -8,8 +8,8 @@ Examples:
         --set train.zero_stage=3 --run-dir runs/z3
 
 Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
-model.pt at the end. See docs/TRAINING.md. Exit status: 0 done or stopped by SIGTERM/SIGUSR1 after a checkpoint,
-2 for a config/data/setup error.
+model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done or stopped by SIGTERM/SIGUSR1
+after a checkpoint, 2 for a config/data/checkpoint/setup error (one line `error: ...`, no traceback).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 # spinning threads made a tiny run ~20x slower (14 s vs 0.7 s per step, measured); on an idle machine it costs ~nothing.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from regulargpt.config import ConfigError, load_config  # noqa: E402
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.config import load_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,17 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    try:
-        cfg = load_config(args.config, args.set)
-        from regulargpt.data import DataError
-        from regulargpt.train import TrainError, default_run_dir, train
+    cfg = load_config(args.config, args.set)
+    from regulargpt.train import default_run_dir, train
 
-        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
-        summary = train(cfg, run_dir)
-    except (ConfigError, DataError, TrainError) as err:
-        if rank == 0:
-            print(f"error: {err}", file=sys.stderr)
-        return 2
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
+    summary = train(cfg, run_dir)
     if rank == 0 and summary["preempted"]:
         print(f"stopped at step {summary['step']} on a signal; checkpoint saved in {run_dir}; rerun the same command "
               "to resume", file=sys.stderr)
@@ -55,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -23,6 +23,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
+
+from regulargpt.io import atomic_write_text  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "# @SUBMIT_ARGS@"
 _PREFIX = {"pretrain": "pt", "evaluate": "ev"}  # job names: pt-<dataset>-<config>-seed<seed>
@@ -144,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = job.run_dir / "slurm"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "pretrain.sbatch").write_text(train_script)
-        (folder / "evaluate.sbatch").write_text(eval_script)
+        atomic_write_text(folder / "pretrain.sbatch", train_script)
+        atomic_write_text(folder / "evaluate.sbatch", eval_script)
         train_id = _submit(train_opts, train_script, ROOT)
         line = f"{job.name}: pretrain {train_id}"
         if not args.no_eval:

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
 
-from regulargpt.config import ConfigError, load_config
-from regulargpt.train.formal import train_formal
+import torch  # noqa: E402
+
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.config import ConfigError, load_config  # noqa: E402
+from regulargpt.train.formal import formal_task, train_formal  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,15 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.threads < 0:
+        parser.error(f"--threads {args.threads}: expected >= 0")
+    cfg = load_config(args.config, args.set)
     try:
-        cfg = load_config(args.config, args.set)
-        path = train_formal(cfg, args.run_dir)
+        formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.config}: {err}") from None
+    path = train_formal(cfg, args.run_dir)
     print(f"model: {path}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

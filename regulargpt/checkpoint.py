@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from regulargpt.config import Config, config_to_dict, load_config_dict
+from regulargpt.errors import UserError
 from regulargpt.io import atomic_write_bytes
 
 __all__ = ["CheckpointError", "save_model_file", "load_model_file"]
@@ -27,7 +28,7 @@ __all__ = ["CheckpointError", "save_model_file", "load_model_file"]
 _FORMAT, _VERSION = "regulargpt-model", 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A model file that is missing, corrupt, or does not match the model it is loaded into."""
 
 
@@ -56,12 +57,19 @@ def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: not a regulargpt model file (expected format {_FORMAT!r})")
     if payload.get("version") != _VERSION:
         raise CheckpointError(f"{path}: model file version {payload.get('version')!r}; this code reads {_VERSION}")
-    cfg = load_config_dict(payload["config"], source=f"{path}[config]")
+    cfg = load_config_dict(payload.get("config"), source=f"{path}[config]")
     model = build_model(cfg.model)
-    missing, unexpected = model.load_state_dict(payload["state_dict"], strict=False)
-    if missing or unexpected:
+    state = payload.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: no state_dict in the model file")
+    mine = model.state_dict()
+    missing, unexpected = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(mine[k].shape)}" for k in sorted(set(mine) & set(state))
+              if tuple(state[k].shape) != tuple(mine[k].shape)]
+    if missing or unexpected or shapes:
         raise CheckpointError(
-            f"{path}: weights do not match the model its config describes; missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
+            f"{path}: weights do not match the model its config describes (a checkpoint from a different model "
+            f"config?); missing {missing[:5]}, unexpected {unexpected[:5]}, shape (file vs config) {shapes[:3]}"
         )
+    model.load_state_dict(state, strict=True)
     return cfg, model.eval(), dict(payload.get("meta", {}))

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from regulargpt.errors import UserError
+
 __all__ = [
     "ConfigError",
     "ModelConfig",
@@ -38,12 +40,14 @@ __all__ = [
     "load_config_dict",
     "config_to_dict",
     "apply_overrides",
+    "build_section",
+    "read_json",
     "save_config",
     "merge_dicts",
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config problem a user can fix; the message names the file, the key path, the value and what is allowed."""
 
 
@@ -297,7 +301,9 @@ def _did_you_mean(key: str, allowed: list[str]) -> str:
     return f"did you mean {close[0]!r}?" if close else "allowed keys: " + ", ".join(sorted(allowed))
 
 
-def _build_section(cls: type, raw: Any, where: str) -> Any:
+def build_section(cls: type, raw: Any, where: str) -> Any:
+    """Dataclass `cls` from a JSON object, strictly: unknown keys (with a did-you-mean hint) and wrong types are
+    ConfigErrors naming ``where.key``. Used for config sections and other JSON files (sweep profiles)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -322,7 +328,7 @@ def load_config_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
         for key in raw:
             if key not in allowed:
                 raise ConfigError(f"{key}: unknown section; {_did_you_mean(key, allowed)}")
-        sections = {name: _build_section(cls, raw.get(name, {}), name) for name, cls in _SECTIONS.items()}
+        sections = {name: build_section(cls, raw.get(name, {}), name) for name, cls in _SECTIONS.items()}
         deepspeed = raw.get("deepspeed", {})
         if not isinstance(deepspeed, dict):
             raise ConfigError(f"deepspeed: expected a JSON object, got {deepspeed!r}")
@@ -333,13 +339,16 @@ def load_config_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     return cfg
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ConfigError naming the file (and line and column when it is malformed)."""
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); expected a JSON config") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a JSON object")
     return raw
@@ -357,7 +366,7 @@ def _load_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = path.resolve()
     if path in chain:
         raise ConfigError(f"{path}: 'extends' cycle: " + " -> ".join(str(p) for p in chain + (path,)))
-    raw = _read_json(path)
+    raw = read_json(path)
     parent = raw.pop("extends", None)
     if parent is None:
         return raw

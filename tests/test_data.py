@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fake_data_folder
 
 import regulargpt.data.sampler as sampler_mod
 import regulargpt.data.shards as shards
@@ -27,7 +28,7 @@ from regulargpt.data import (
     prepare,
 )
 from regulargpt.data.shards import assign_splits
-from regulargpt.io import atomic_open
+from regulargpt.io import atomic_open, sha256_file
 
 PY_SNIPPET = 'def f(x, y=2):\n\tif x  >  10_000:  # tab, two spaces\n        return "é ∑ 日本"\n\n\n    return y   \n'
 PROSE = "The quick brown fox jumps over the lazy dog.  Two spaces here;\n\n  indented line, ünïcode, 3.14159!\n"
@@ -77,7 +78,7 @@ def test_prepare_txt_corpus_layout_and_token_stream(txt_corpus: tuple[Path, list
         assert key in m
     assert m == load_manifest(tmp_path / "d")
     assert (m["dtype"], m["vocab_size"], m["source"]["documents"], m["source"]["files"]) == ("uint16", 400, 12, 12)
-    assert m["tokenizer"]["sha256"] == tokenizer_mod.sha256_file(tmp_path / "d" / "tokenizer.model")
+    assert m["tokenizer"]["sha256"] == sha256_file(tmp_path / "d" / "tokenizer.model")
     assert sum(s["documents"] for s in m["splits"].values()) == 12
     assert all(s["documents"] >= 1 for s in m["splits"].values())
     tok = Tokenizer.load(tmp_path / "d" / "tokenizer.model")
@@ -204,21 +205,8 @@ def test_prepare_crash_mid_write_leaves_files_intact(txt_corpus: tuple[Path, lis
 
 
 # --------------------------------------------------------------------------------------------- reading errors
-def _fake_folder(path: Path, tokens: dict[str, np.ndarray], vocab_size: int = 100, dtype: str = "uint16") -> Path:
-    """A data folder written by hand (no tokenizer training), for the error cases."""
-    path.mkdir(parents=True)
-    splits = {}
-    for name, arr in tokens.items():
-        arr.astype(dtype).tofile(path / f"{name}.bin")
-        splits[name] = {"tokens": len(arr), "documents": 1, "file": f"{name}.bin"}
-    manifest = {"format_version": shards.FORMAT_VERSION, "dtype": dtype, "vocab_size": vocab_size,
-                "tokenizer": {"file": "tokenizer.model", "sha256": "0" * 64}, "splits": splits}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    return path
-
-
 def _arange_folder(tmp_path: Path, n: int = 10) -> Path:
-    return _fake_folder(tmp_path / "f", {s: np.arange(n) for s in shards.SPLITS})
+    return fake_data_folder(tmp_path / "f", {s: np.arange(n) for s in shards.SPLITS})
 
 
 def test_manifest_errors(tmp_path: Path) -> None:
@@ -260,7 +248,7 @@ def test_token_file_errors(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------- sampling
 def test_window_sampler_determinism_ranks_and_content(tmp_path: Path) -> None:
-    split = open_split(_fake_folder(tmp_path / "s", {s: np.arange(1000) for s in shards.SPLITS}, vocab_size=1000),
+    split = open_split(fake_data_folder(tmp_path / "s", {s: np.arange(1000) for s in shards.SPLITS}, vocab_size=1000),
                        "train")
     a = WindowSampler(split, seq_len=16, micro_batch_size=4, seed=11, rank=0, world_size=2)
     b = WindowSampler(split, seq_len=16, micro_batch_size=4, seed=11, rank=0, world_size=2)

@@ -1,123 +1,41 @@
 """Pretraining end to end on CPU: ZeRO 1/2/3 with two processes (gloo), exact resume after a kill and after
 SIGTERM, export from ZeRO-3, keep-last-k, wandb offline, and the setup errors a user can hit.
 
-Runs use launch/pretrain.py as a subprocess (torchrun, the deepspeed launcher, or plain python) with
-OMP_NUM_THREADS=1, which makes CPU training bit-for-bit deterministic for a fixed number of processes: each op runs
-single-threaded in a fixed order, gloo reduces in a fixed order, and every batch is a function of (seed, step,
-micro_step, rank). The DeepSpeed shm op is never compiled (launch/pretrain.py skips it on CPU).
+Runs use launch/pretrain.py as a subprocess (helpers.py: torchrun, the deepspeed launcher, or plain python) with
+OMP_NUM_THREADS=1, which makes CPU training bit-for-bit deterministic for a fixed number of processes. The DeepSpeed
+shm op is never compiled (launch/pretrain.py skips it on CPU). The fixtures `data_dir` and `zero3_run` are in
+conftest.py (tests/test_faults.py uses them too).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-TINY = [
-    "model.vocab_size=512", "model.d_model=32", "model.n_heads=2", "model.chunk_size=4", "model.thickness=2",
-    "data.seq_len=32", "train.batch_size=4", "train.steps=12", "train.lr=0.003", "train.log_every=1",
-    "train.eval_every=6", "train.eval_batches=2", "train.save_every=3", "train.keep_last=2", "logging.progress=false",
-]
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory) -> Path:
-    """A tiny prepared data folder: 400 kB of the Python stdlib, BPE vocabulary 512 (about 2 s)."""
-    from regulargpt.data import prepare
-
-    out = tmp_path_factory.mktemp("data") / "stdlib"
-    prepare("python-stdlib", out, vocab_size=512, max_bytes=400_000, val_fraction=0.2, num_proc=1)
-    return out
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
-    env.update(extra)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _command(nproc: int, launcher: str) -> list[str]:
-    script = str(ROOT / "launch" / "pretrain.py")
-    if nproc == 1:
-        return [sys.executable, script]
-    if launcher == "deepspeed":
-        return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(_free_port()), script]
-    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), script]
-
-
-def _args(data_dir: Path, run_dir: Path, *sets: str) -> list[str]:
-    args = ["--config", str(ROOT / "configs/tiny/regular_gpt.json"), "--run-dir", str(run_dir)]
-    for item in [f"data.path={data_dir}", *TINY, *sets]:
-        args += ["--set", item]
-    return args
-
-
-def _train(data_dir: Path, run_dir: Path, *sets: str, nproc: int = 1, launcher: str = "torchrun",
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(_command(nproc, launcher) + _args(data_dir, run_dir, *sets), cwd=ROOT,
-                          env=env or _env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in _metrics(run_dir)}
-
-
-def _interrupt(cmd: list[str], run_dir: Path, sig: int, after_latest: int = 1) -> subprocess.Popen:
-    """Start a run, wait until `latest` names a checkpoint ≥ after_latest, send `sig` to the process group."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        latest = run_dir / "latest"
-        if latest.is_file() and int(latest.read_text().strip().removeprefix("global_step")) >= after_latest:
-            break
-        time.sleep(0.05)
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
-    proc.wait(timeout=120)
-    return proc
-
-
-def _checkpoints(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in run_dir.glob("global_step*"))
-
+from helpers import (
+    ROOT,
+    TINY,
+    ZERO3,
+    checkpoint_dirs,
+    free_port,
+    interrupt,
+    pretrain,
+    pretrain_args,
+    pretrain_cmd,
+    read_losses,
+    read_metrics,
+    run_env,
+)
 
 # --------------------------------------------------------------------------------- two processes, ZeRO 1/2/3
 
 
-@pytest.fixture(scope="module")
-def zero3_run(data_dir, tmp_path_factory) -> Path:
-    """Two processes, ZeRO-3, bf16, activation checkpointing; the reference for the resume and export tests."""
-    run_dir = tmp_path_factory.mktemp("z3") / "run"
-    _train(data_dir, run_dir, "train.zero_stage=3", "train.precision=bf16", "train.activation_checkpointing=true",
-           nproc=2)
-    return run_dir
-
-
 def _assert_loss_falls(run_dir: Path) -> None:
-    losses = [r["loss"] for r in _metrics(run_dir)]
+    losses = [r["loss"] for r in read_metrics(run_dir)]
     assert len(losses) == 12
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
 
@@ -125,11 +43,11 @@ def _assert_loss_falls(run_dir: Path) -> None:
 @pytest.mark.parametrize("stage,precision,launcher", [(1, "fp32", "deepspeed"), (2, "bf16", "torchrun")])
 def test_two_process_zero_loss_falls(data_dir, tmp_path, stage, precision, launcher):
     run_dir = tmp_path / "run"
-    proc = _train(data_dir, run_dir, f"train.zero_stage={stage}", f"train.precision={precision}", nproc=2,
-                  launcher=launcher)
+    proc = pretrain(data_dir, run_dir, f"train.zero_stage={stage}", f"train.precision={precision}", nproc=2,
+                    launcher=launcher)
     assert "2 process(es)" in proc.stderr and f"ZeRO {stage}" in proc.stderr
     _assert_loss_falls(run_dir)
-    rec = _metrics(run_dir)[-1]
+    rec = read_metrics(run_dir)[-1]
     assert {"loss", "lr", "tokens_per_s", "mfu", "grad_norm", "val_loss"} <= set(rec)
     assert rec["tokens"] == 12 * 4 * 32 * 2
     assert (run_dir / "model.pt").is_file()
@@ -141,13 +59,13 @@ def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, t
     from regulargpt.model import build_model
 
     _assert_loss_falls(zero3_run)
-    assert _checkpoints(zero3_run) == ["global_step12", "global_step9"]  # keep_last=2 of 3, 6, 9, 12
+    assert checkpoint_dirs(zero3_run) == ["global_step12", "global_step9"]  # keep_last=2 of 3, 6, 9, 12
     assert (zero3_run / "latest").read_text() == "global_step12"
     assert (zero3_run / "config.resolved.json").is_file()
 
     out = tmp_path / "step9.pt"  # the export command, from a ZeRO-3 checkpoint other than the latest
     proc = subprocess.run([sys.executable, str(ROOT / "launch/export.py"), str(zero3_run), "--step", "9", "--out",
-                           str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+                           str(out)], cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for path, step in ((zero3_run / "model.pt", 12), (out, 9)):
         payload = torch.load(path, weights_only=True)
@@ -166,18 +84,16 @@ def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, t
 
 def test_zero3_sigterm_through_torchrun_then_resume_is_exact(zero3_run, data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    cmd = _command(2, "torchrun") + _args(data_dir, run_dir, "train.zero_stage=3", "train.precision=bf16",
-                                          "train.activation_checkpointing=true")
-    proc = _interrupt(cmd, run_dir, signal.SIGTERM)
+    cmd = pretrain_cmd(2) + pretrain_args(data_dir, run_dir, *ZERO3)
+    proc = interrupt(cmd, run_dir, signal.SIGTERM)
     log = proc.stdout.read()
     assert "stop requested" in log, log[-3000:]
     stopped = int((run_dir / "latest").read_text().removeprefix("global_step"))
     assert stopped < 12 and not (run_dir / "model.pt").exists()
-    again = _train(data_dir, run_dir, "train.zero_stage=3", "train.precision=bf16",
-                   "train.activation_checkpointing=true", nproc=2)
+    again = pretrain(data_dir, run_dir, *ZERO3, nproc=2)
     assert f"resuming at step {stopped}" in again.stderr
-    assert _losses(run_dir) == _losses(zero3_run)
-    assert _metrics(run_dir)[-1]["val_loss"] == _metrics(zero3_run)[-1]["val_loss"]
+    assert read_losses(run_dir) == read_losses(zero3_run)
+    assert read_metrics(run_dir)[-1]["val_loss"] == read_metrics(zero3_run)[-1]["val_loss"]
 
 
 # ---------------------------------------------------------------------------------------------- one process
@@ -185,30 +101,30 @@ def test_zero3_sigterm_through_torchrun_then_resume_is_exact(zero3_run, data_dir
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_path):
     ref = tmp_path / "ref"
-    _train(data_dir, ref)
+    pretrain(data_dir, ref)
     run_dir = tmp_path / "killed"
-    proc = _interrupt(_command(1, "") + _args(data_dir, run_dir), run_dir, signal.SIGKILL, after_latest=3)
+    proc = interrupt(pretrain_cmd(1) + pretrain_args(data_dir, run_dir), run_dir, signal.SIGKILL, after_latest=3)
     assert proc.returncode == -signal.SIGKILL
     partial = run_dir / "global_step99"  # as if a save had been killed half-way: not named by `latest`
     partial.mkdir()
-    again = _train(data_dir, run_dir)
+    again = pretrain(data_dir, run_dir)
     assert "resuming at step" in again.stderr
     assert not partial.exists()
-    assert _losses(run_dir) == _losses(ref) and len(_losses(ref)) == 12
+    assert read_losses(run_dir) == read_losses(ref) and len(read_losses(ref)) == 12
     a = torch.load(ref / "model.pt", weights_only=True)["state_dict"]
     b = torch.load(run_dir / "model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    bad = subprocess.run(_command(1, "") + _args(data_dir, run_dir, "train.lr=0.01"), cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(pretrain_cmd(1) + pretrain_args(data_dir, run_dir, "train.lr=0.01"), cwd=ROOT,
+                         env=run_env(), capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "train.lr: run has 0.003, now 0.01" in bad.stderr
 
 
 def test_wandb_offline_without_key_or_network(data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    env = _env(HOME=str(tmp_path), WANDB_SILENT="true")
+    env = run_env(HOME=str(tmp_path), WANDB_SILENT="true")
     for key in ("WANDB_MODE", "WANDB_API_KEY"):
         env.pop(key, None)
-    _train(data_dir, run_dir, "logging.wandb=true", "train.steps=2", "train.save_every=0", env=env)
+    pretrain(data_dir, run_dir, "logging.wandb=true", "train.steps=2", "train.save_every=0", env=env)
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
@@ -220,7 +136,7 @@ def test_wandb_offline_without_key_or_network(data_dir, tmp_path):
 def quiet_env(monkeypatch):
     """What train() sets for a plain process, restored after the test."""
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}.items():
+                       "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}.items():
         monkeypatch.setenv(key, value)
 
 
@@ -260,7 +176,7 @@ def test_run_dir_config_check_prune_and_partial_cleanup(data_dir, tmp_path):
     rd.mark_latest(tmp_path, 9)
     assert rd.remove_partial_checkpoints(tmp_path) == [12]
     assert rd.prune_checkpoints(tmp_path, keep=2) == [3]
-    assert _checkpoints(tmp_path) == ["global_step6", "global_step9"]
+    assert checkpoint_dirs(tmp_path) == ["global_step6", "global_step9"]
     assert rd.default_run_dir("configs/tiny/alibi.json", 3) == Path("runs/alibi-seed3")
 
 

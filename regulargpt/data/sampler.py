@@ -28,6 +28,8 @@ class WindowSampler:
     .integers(0, len(split) - seq_len, micro_batch_size)`: the data order is reproducible, independent per rank,
     and a resumed run continues exactly without any state beyond the step (`state_dict` only checks settings).
     Windows may cross document boundaries (each document ends with the eos id); draws are with replacement.
+    With `vocab_size`, every batch is checked: a token id >= vocab_size is a DataError naming the file and position
+    (scanning a whole split up front would cost minutes on a large corpus; a batch costs nothing).
 
     Example:
 
@@ -36,7 +38,7 @@ class WindowSampler:
     """
 
     def __init__(self, split: TokenSplit, seq_len: int, micro_batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, vocab_size: int | None = None) -> None:
         if seq_len < 1 or micro_batch_size < 1:
             raise DataError(f"WindowSampler: seq_len {seq_len} and micro_batch_size {micro_batch_size} must be >= 1")
         if not 0 <= rank < world_size:
@@ -47,7 +49,7 @@ class WindowSampler:
             raise DataError(f"split {split.name!r} of {split.data_dir} has {len(split)} tokens, fewer than "
                             f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data")
         self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.vocab_size = seed, rank, world_size, vocab_size
         self.consumed_steps = 0
 
     def starts(self, step: int, micro_step: int = 0) -> np.ndarray:
@@ -62,7 +64,14 @@ class WindowSampler:
         import torch  # here, so that `import regulargpt.data` (and data_prep) does not pay for torch
 
         tokens, n = self.split.tokens, self.seq_len + 1
-        rows = np.stack([np.asarray(tokens[s:s + n]) for s in self.starts(step, micro_step)])  # (B, T+1)
+        starts = self.starts(step, micro_step)
+        rows = np.stack([np.asarray(tokens[s:s + n]) for s in starts])  # (B, T+1)
+        if self.vocab_size is not None and rows.size and int(rows.max()) >= self.vocab_size:
+            b, t = np.unravel_index(int(np.argmax(rows >= self.vocab_size)), rows.shape)
+            position = int(starts[b]) + int(t)
+            raise DataError(f"token file {self.split.path}: token id {int(rows[b, t])} at position {position} "
+                            f"is >= vocab_size {self.vocab_size} (the folder's manifest.json says ids stay below it: "
+                            f"the file is corrupt or from another tokenizer; re-run data_prep/prepare.py)")
         self.consumed_steps = max(self.consumed_steps, step + 1)
         return torch.from_numpy(rows.astype(np.int64))
 

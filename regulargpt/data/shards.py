@@ -28,8 +28,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from regulargpt.data.sources import DataError, Source, load_documents, resolve_source
-from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, sha256_file, train_tokenizer
-from regulargpt.io import atomic_open
+from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
+from regulargpt.io import atomic_open, sha256_file
 
 if TYPE_CHECKING:
     import datasets
@@ -201,10 +201,10 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
     _check_options(vocab_size, given, max_bytes, val_fraction, test_fraction)
     vocab_size = vocab_size or 8000
     out = Path(out)
+    t0 = time.perf_counter()
+    src = resolve_source(source, max_bytes=max_bytes, cache_dir=cache_dir)  # a bad source: nothing is created
     out.mkdir(parents=True, exist_ok=True)
     _clean_stale(out)
-    t0 = time.perf_counter()
-    src = resolve_source(source, max_bytes=max_bytes, cache_dir=cache_dir)
     options = {"text_field": text_field, "max_bytes": max_bytes, "seed": seed, "val_fraction": val_fraction,
                "test_fraction": test_fraction, "vocab_size": None if given else vocab_size}
     with tempfile.TemporaryDirectory(dir=out, prefix=".work-") as work:
@@ -371,6 +371,25 @@ class TokenSplit:
                 pos = start + int(np.argmax(block >= limit))
                 raise DataError(f"token file {self.path}: token id {int(self.tokens[pos])} at position {pos} is >= "
                                 f"vocab_size {limit}")
+
+
+def check_tokenizer(data_dir: str | Path) -> Path:
+    """The data folder's tokenizer file, checked against the sha256 its manifest records → its path.
+
+    DataError when it is missing or differs: the token files were made with another tokenizer than the one there.
+    """
+    data_dir = Path(data_dir)
+    manifest = load_manifest(data_dir)
+    path = data_dir / manifest["tokenizer"]["file"]
+    if not path.is_file():
+        raise DataError(f"tokenizer file {path} does not exist (listed in {data_dir / MANIFEST}); re-run "
+                        f"data_prep/prepare.py for {data_dir}")
+    digest = sha256_file(path)
+    if digest != manifest["tokenizer"]["sha256"]:
+        raise DataError(f"tokenizer file {path} has sha256 {digest[:12]}… but {data_dir / MANIFEST} was written "
+                        f"for {manifest['tokenizer']['sha256'][:12]}…: the manifest and the tokenizer disagree; "
+                        f"re-run data_prep/prepare.py for {data_dir}")
+    return path
 
 
 def open_split(data_dir: str | Path, split: str, vocab_size: int | None = None) -> TokenSplit:

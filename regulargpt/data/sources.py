@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from regulargpt.errors import UserError
+
 if TYPE_CHECKING:
     import datasets
 
@@ -44,7 +46,7 @@ KNOWN_SOURCES = ("python-stdlib", "debian-prose", "debian-code", "debian-latex")
 _STDLIB_EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A user-facing data problem; the message names the file/key/value and what was expected."""
 
 

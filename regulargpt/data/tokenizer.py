@@ -53,15 +53,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 class Tokenizer:
     """A loaded sentencepiece model: `encode`, `decode`, `vocab_size`, `eos_id`, `sha256` (of the model bytes).
 

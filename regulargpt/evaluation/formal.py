@@ -15,7 +15,8 @@ model sees the same strings at each length, independent of the training seeds an
 Output: one JSONL row per length, written as soon as the length is done, e.g.
 ``{"length": 41, "input_length": 41, "accuracy": 0.998046875, "n": 512}`` (``input_length`` differs from
 ``length`` only where the task says so: modular arithmetic keeps expressions odd). Rerunning with the same file
-skips the lengths already present.
+skips the lengths already present; a last line cut short by a kill is dropped (and cut off before the next append),
+so a killed evaluation continues with every length exactly once.
 """
 
 from __future__ import annotations
@@ -29,11 +30,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from regulargpt.config import ModelConfig
+from regulargpt.errors import UserError
+from regulargpt.io import read_jsonl
 from regulargpt.tasks import Task
 
-__all__ = ["EVAL_SEED", "missing_lengths", "parse_lengths", "range_evaluate", "range_score", "read_rows"]
+__all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "missing_lengths", "parse_lengths", "range_evaluate",
+           "range_score", "read_rows"]
 
 EVAL_SEED = 1_000_003  # base seed of the evaluation strings (not a training seed: those are small integers)
+
+
+class RangeEvalError(UserError, ValueError):
+    """A bad length spec, lengths the model cannot run, or a results file made with other settings."""
 
 
 def parse_lengths(spec: str, max_length: int) -> list[int]:
@@ -53,30 +62,40 @@ def parse_lengths(spec: str, max_length: int) -> list[int]:
             lo, _, hi = span.partition("-")
             first, last, stride = int(lo), int(hi or lo), int(step or 1)
         except ValueError:
-            raise ValueError(f"length spec {spec!r}: bad item {item!r}; expected N, A-B or A-B:S") from None
+            raise RangeEvalError(f"length spec {spec!r}: bad item {item!r}; expected N, A-B or A-B:S") from None
         if first < 1 or last < first or stride < 1:
-            raise ValueError(f"length spec {spec!r}: bad item {item!r}; need 1 <= A <= B and S >= 1")
+            raise RangeEvalError(f"length spec {spec!r}: bad item {item!r}; need 1 <= A <= B and S >= 1")
         out.update(t for t in range(first, last + 1, stride) if t <= max_length)
     if not out:
-        raise ValueError(f"length spec {spec!r} selects no length in 1..{max_length}")
+        raise RangeEvalError(f"length spec {spec!r} selects no length in 1..{max_length}")
     return sorted(out)
 
 
-def read_rows(path: str | Path) -> dict[int, dict[str, float]]:
-    """The rows of a range-evaluation JSONL file keyed by length ({} if the file does not exist)."""
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {int(row["length"]): row for row in rows}
+def check_lengths(model: ModelConfig, lengths: Iterable[int], where: str) -> None:
+    """Lengths must be >= 1 and, for learned absolute positions, <= model.max_positions (RangeEvalError naming
+    `where`, e.g. the run directory)."""
+    lengths = list(lengths)
+    if not lengths or min(lengths) < 1:
+        raise RangeEvalError(f"{where}: evaluation lengths must be integers >= 1, got {lengths[:5]}")
+    if model.position == "learned" and max(lengths) > model.max_positions:
+        raise RangeEvalError(f"{where}: evaluation length {max(lengths)} exceeds model.max_positions="
+                             f"{model.max_positions}; a model with learned absolute positions cannot run past them "
+                             f"(evaluate up to {model.max_positions})")
 
 
-def missing_lengths(path: str | Path, lengths: Iterable[int], samples: int) -> list[int]:
+def read_rows(path: str | Path, repair: bool = False) -> dict[int, dict[str, float]]:
+    """The rows of a range-evaluation JSONL file keyed by length ({} if the file does not exist).
+
+    A torn last line is not a row; ``repair=True`` (the file's writer only) also cuts it off the file."""
+    return {int(row["length"]): row for row in read_jsonl(path, repair=repair)}
+
+
+def missing_lengths(path: str | Path, lengths: Iterable[int], samples: int, repair: bool = False) -> list[int]:
     """The lengths still to evaluate in `path`; rows with a different sample count are an error (never mixed)."""
-    rows = read_rows(path)
+    rows = read_rows(path, repair=repair)
     for length, row in rows.items():
         if row["n"] != samples:
-            raise ValueError(f"{path}: length {length} was evaluated with n={row['n']} samples, not {samples}; "
+            raise RangeEvalError(f"{path}: length {length} was evaluated with n={row['n']} samples, not {samples}; "
                              "write to another file")
     return [t for t in lengths if t not in rows]
 
@@ -98,7 +117,7 @@ def range_evaluate(
     ``max(1, batch_tokens // T)`` sequences; the accuracy is exact (correct / samples).
     """
     out_path = Path(out_path)
-    todo = missing_lengths(out_path, lengths, samples)
+    todo = missing_lengths(out_path, lengths, samples, repair=True)
     model.eval()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("a") as handle:
@@ -119,5 +138,5 @@ def range_score(rows: dict[int, dict[str, float]], min_length: int, max_length: 
     """Mean accuracy over the evaluated lengths in min_length..max_length (inclusive); an error if there are none."""
     picked = [row["accuracy"] for length, row in rows.items() if min_length <= length <= max_length]
     if not picked:
-        raise ValueError(f"no evaluated length in {min_length}..{max_length}")
+        raise RangeEvalError(f"no evaluated length in {min_length}..{max_length}")
     return float(np.mean(picked))

@@ -35,8 +35,24 @@ import torch
 from tqdm import tqdm
 
 from regulargpt.checkpoint import load_model_file
-from regulargpt.config import Config, ConfigError, apply_overrides, config_to_dict, load_config, load_config_dict
-from regulargpt.evaluation.formal import missing_lengths, parse_lengths, range_evaluate, range_score, read_rows
+from regulargpt.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    build_section,
+    config_to_dict,
+    load_config,
+    load_config_dict,
+    read_json,
+)
+from regulargpt.evaluation.formal import (
+    check_lengths,
+    missing_lengths,
+    parse_lengths,
+    range_evaluate,
+    range_score,
+    read_rows,
+)
 from regulargpt.io import atomic_write_text
 from regulargpt.tasks import Task, make_task
 from regulargpt.train.formal import MODEL_FILE, formal_task, train_formal
@@ -74,23 +90,27 @@ class Profile:
     table2_p_one: list[float] = field(default_factory=list)
 
 
+def _names(folder: Path) -> str:
+    return ", ".join(sorted(p.stem for p in folder.glob("*.json") if p.stem != "base")) or "none"
+
+
 def load_profile(name_or_path: str, configs_dir: str | Path = "configs/formal") -> Profile:
-    """A profile by name (``configs/formal/profiles/<name>.json``) or by path; unknown keys are errors."""
+    """A profile by name (``configs/formal/profiles/<name>.json``) or by path; unknown keys, wrong types and
+    malformed JSON are ConfigErrors naming the file."""
     path = Path(name_or_path)
     if not path.suffix:
         path = Path(configs_dir) / "profiles" / f"{name_or_path}.json"
     if not path.is_file():
-        raise ConfigError(f"{path}: profile not found")
-    raw = json.loads(path.read_text())
-    allowed = set(Profile.__dataclass_fields__)
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{path}: profile not found; available: {_names(path.parent)}")
+    raw = read_json(path)
     required = [name for name, f in Profile.__dataclass_fields__.items()
                 if f.default is MISSING and f.default_factory is MISSING and name not in raw]
     if required:
         raise ConfigError(f"{path}: missing key(s) {', '.join(required)}")
-    profile = Profile(**raw)
+    try:
+        profile = build_section(Profile, raw, "profile")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     for pattern, delta in profile.overrides.items():
         bad = sorted(set(delta) - set(_CONFIG_SECTIONS))
         if bad:
@@ -144,13 +164,16 @@ def plan_runs(
     configs_dir = Path(configs_dir)
     bases: list[tuple[str, str, dict[str, Any], list[float]]] = []
     for task_id in tasks or profile.tasks:
-        task_raw = config_to_dict(load_config(configs_dir / f"{task_id}.json"))
+        task_path = configs_dir / f"{task_id}.json"
+        if not task_path.is_file():
+            raise ConfigError(f"{task_path}: unknown task config {task_id!r}; available: {_names(configs_dir)}")
+        task_raw = config_to_dict(load_config(task_path))
         for model in models or profile.models:
             preset = configs_dir / "models" / f"{model}.json"
             if not preset.is_file():
-                raise ConfigError(f"{preset}: model preset not found")
+                raise ConfigError(f"{preset}: unknown model preset {model!r}; available: {_names(preset.parent)}")
             raw = copy.deepcopy(task_raw)
-            _overlay(raw, json.loads(preset.read_text()), str(preset))
+            _overlay(raw, read_json(preset), str(preset))
             key = f"{task_id}/{model}"
             for pattern, delta in profile.overrides.items():
                 if fnmatch.fnmatchcase(key, pattern):
@@ -166,10 +189,12 @@ def plan_runs(
                          f"{task_id}/{model}")
                 cfg = load_config_dict(point, source=f"{task_id}/{model} (profile {profile.name})")
                 formal_task(cfg)  # vocab/classes must match the task: fail before anything runs
+                lengths = parse_lengths(profile.eval_lengths, cfg.eval.max_length)
+                check_lengths(cfg.model, lengths, f"{task_id}/{model} (profile {profile.name})")
                 specs.append(RunSpec(
                     profile=profile.name, task_id=task_id, model=model, seed=seed, lr=float(lr),
                     run_dir=Path(out_dir) / task_id / model / f"seed{seed}_lr{float(lr):g}", cfg=cfg,
-                    eval_lengths=parse_lengths(profile.eval_lengths, cfg.eval.max_length),
+                    eval_lengths=lengths,
                     table2_p_one=profile.table2_p_one if cfg.data.task == profile.table2_task else [],
                 ))
     return specs

@@ -34,6 +34,7 @@ from torch import nn
 from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ModelConfig
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
+from regulargpt.errors import UserError
 
 __all__ = [
     "EvalError",
@@ -64,7 +65,7 @@ _POSITION_NAMES = {"none": "NoPE", "sinusoidal": "Sinusoidal", "learned": "Learn
                    "alibi": "ALiBi", "t5": "T5", "kerple_log": "KERPLE-log", "kerple_power": "KERPLE-power"}
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """A problem the user can fix (missing run or data, mismatched tokenizer, bad lengths); the message says which."""
 
 

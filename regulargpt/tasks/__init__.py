@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable
 from functools import partial
 
+from regulargpt.errors import UserError
 from regulargpt.tasks.base import DfaMembershipTask, Task
 from regulargpt.tasks.counting import StarTask
 from regulargpt.tasks.cycle_navigation import CycleNavigation
@@ -29,22 +30,29 @@ _REGISTRY: dict[str, Callable[..., Task]] = {
 TASK_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
+class TaskError(UserError, ValueError):
+    """An unknown task name or option, a missing required option, or an option value out of range."""
+
+
 def make_task(name: str, **options: int | float | bool) -> Task:
-    """Builds the task `name`, e.g. `make_task("dyck", n=2)`; unknown names or options raise ValueError."""
+    """Builds the task `name`, e.g. `make_task("dyck", n=2)`; bad names, options or values raise TaskError."""
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, TASK_NAMES, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"Unknown task {name!r}.{hint} Allowed: {', '.join(TASK_NAMES)}.")
+        raise TaskError(f"Unknown task {name!r}.{hint} Allowed: {', '.join(TASK_NAMES)}.")
     factory = _REGISTRY[name]
     params = inspect.signature(factory).parameters
     allowed = ", ".join(params) or "none"
     unknown = sorted(set(options) - set(params))
     if unknown:
-        raise ValueError(f"Unknown option(s) {', '.join(unknown)} for task {name!r}. Allowed options: {allowed}.")
+        raise TaskError(f"Unknown option(s) {', '.join(unknown)} for task {name!r}. Allowed options: {allowed}.")
     missing = [p for p, spec in params.items() if spec.default is inspect.Parameter.empty and p not in options]
     if missing:
-        raise ValueError(f"Task {name!r} requires option(s) {', '.join(missing)}.")
-    return factory(**options)
+        raise TaskError(f"Task {name!r} requires option(s) {', '.join(missing)}.")
+    try:
+        return factory(**options)
+    except ValueError as err:  # an option value out of range, e.g. dyck n=0 or parity_check p_one=1.5
+        raise TaskError(str(err)) from None
 
 
-__all__ = ["TASK_NAMES", "DfaMembershipTask", "Task", "make_task"]
+__all__ = ["TASK_NAMES", "DfaMembershipTask", "Task", "TaskError", "make_task"]

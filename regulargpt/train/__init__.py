@@ -4,9 +4,10 @@
     from regulargpt.train import train
     train(load_config("configs/tiny/regular_gpt.json", ["data.path=data/tiny"]), "runs/tiny")
 
-Modules: ``engine`` (process env, DeepSpeed config, optimizer + LR schedule, activation checkpointing), ``loop``
-(the training loop, validation, preemption), ``run_dir`` (checkpoints, resume, keep-last-k, export), ``logging``
-(console, metrics.jsonl, wandb). Nothing here imports DeepSpeed or wandb at import time.
+Modules: ``engine`` (process env, DeepSpeed config, optimizer with skippable updates + LR schedule, activation
+checkpointing), ``loop`` (the training loop, validation, preemption, non-finite steps), ``run_dir`` (checkpoints,
+checksums, resume with fallback, keep-last-k, export), ``logging`` (console, metrics.jsonl, wandb), ``faults``
+(test-only NaN injection). Nothing here imports DeepSpeed or wandb at import time. See docs/RELIABILITY.md.
 """
 
 from regulargpt.train.engine import TrainError, deepspeed_config, lr_factor

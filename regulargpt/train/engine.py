@@ -11,8 +11,15 @@ schedule is a ``torch.optim.lr_scheduler.LambdaLR`` that DeepSpeed steps after e
 
 Example (one process, after :func:`prepare_process_env`)::
 
-    engine, optimizer, scheduler = build_engine(cfg, model, world_size=1)
+    engine, scheduler, names, optimizer = build_engine(cfg, model, world_size=1)
     loss = loss_fn(engine(inputs), targets); engine.backward(loss); engine.step()
+
+Skipped steps: the client optimizer is :class:`GuardedAdamW`, whose ``step`` — the call every DeepSpeed wrapper (ZeRO
+1–3, the bf16/fp16 optimizers) makes last, after it has computed the global gradient norm — does nothing for a step
+the loop marked bad or whose global norm is not finite. Weights and optimizer state then stay
+exactly as they were (DeepSpeed still zeroes the gradients). Most DeepSpeed wrappers also skip such a step on their
+own (``OVERFLOW! Skipping step``); the guard makes it hold for every stage and precision, ZeRO-0 fp32 included,
+where DeepSpeed calls the torch optimizer directly.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import torch
 from torch import nn
 
 from regulargpt.config import Config, merge_dicts
+from regulargpt.errors import UserError
 
 __all__ = [
     "TrainError",
@@ -39,11 +47,12 @@ __all__ = [
     "lr_factor",
     "param_groups",
     "apply_activation_checkpointing",
+    "GuardedAdamW",
     "build_engine",
 ]
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError, RuntimeError):
     """A training setup problem a user can fix (message says what and how)."""
 
 
@@ -205,8 +214,25 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
 # ----------------------------------------------------------------------------------------------------- engine
 
 
-def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, Any, Any, list[list[str]]]:
-    """deepspeed.initialize with our optimizer and schedule → (engine, optimizer, scheduler, param names)."""
+class GuardedAdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` whose update can be discarded: with ``skip`` set, or when ``wrapper`` (the DeepSpeed
+    optimizer around it, if any) reports a non-finite global gradient norm — computed before it calls this ``step``
+    — ``step`` changes nothing and sets ``fired``. Plain AdamW otherwise; its state dict is AdamW's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.skip, self.fired, self.wrapper = False, False, None
+
+    def step(self, closure: Any = None) -> Any:
+        norm = getattr(self.wrapper, "_global_grad_norm", None)
+        if self.skip or (norm is not None and not math.isfinite(float(norm))):
+            self.fired = True
+            return None
+        return super().step(closure)
+
+
+def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, Any, list[list[str]], GuardedAdamW]:
+    """deepspeed.initialize with our optimizer and schedule → (engine, scheduler, param names, the torch optimizer)."""
     import deepspeed
 
     if cfg.train.precision == "fp16" and not torch.cuda.is_available():
@@ -216,11 +242,13 @@ def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, A
         apply_activation_checkpointing(model)
     groups, names = param_groups(model, cfg.train.weight_decay)
     t = cfg.train
-    optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                  weight_decay=t.weight_decay, foreach=False)
+    optimizer = GuardedAdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
+                             foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size),
         dist_init_required=False,
     )
-    return engine, ds_optimizer, ds_scheduler, names
+    if ds_optimizer is not optimizer:
+        optimizer.wrapper = ds_optimizer
+    return engine, ds_scheduler, names, optimizer

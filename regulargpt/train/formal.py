@@ -14,11 +14,16 @@ Run directory::
     DIR/config.resolved.json   the resolved config (compared on resume; a different config is an error)
     DIR/metrics.jsonl          {"step", "loss", "acc", "lr", "length", "seconds"} every train.log_every steps
     DIR/ckpt.pt                model + optimizer + step + RNG states, every train.save_every steps and at the end
+    DIR/ckpt.prev.pt           the checkpoint before it (each save renames ckpt.pt to this, then writes ckpt.pt)
     DIR/model.pt               the final model (regulargpt.checkpoint format), written last
 
 Resume is automatic: with ``DIR/ckpt.pt`` present training continues from it, metrics rows after its step are
 dropped, and the continued run is identical to an uninterrupted one (same batches, same losses, same parameters).
-A run whose ``model.pt`` exists is finished and is not trained again.
+A ``ckpt.pt`` that cannot be read (truncated, overwritten) is renamed ``ckpt.pt.corrupt`` and the run resumes from
+``ckpt.prev.pt``, with a warning naming both. A run whose ``model.pt`` exists is finished and is not trained again.
+
+A step whose loss or global gradient norm is not finite is skipped (no optimizer update) with a warning; more than
+``train.max_bad_steps`` of them stop the run with a TrainError, leaving the last checkpoint as it was.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,15 +43,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from regulargpt.checkpoint import save_model_file
+from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict, save_config
-from regulargpt.io import atomic_write_bytes, atomic_write_text
+from regulargpt.io import atomic_write_bytes, atomic_write_text, read_jsonl
 from regulargpt.model import build_model
-from regulargpt.tasks import Task, make_task
+from regulargpt.tasks import Task, TaskError, make_task
+from regulargpt.train.engine import TrainError
 
 __all__ = ["CKPT_FILE", "CONFIG_FILE", "METRICS_FILE", "MODEL_FILE", "formal_task", "seed_stream", "train_formal"]
 
 CKPT_FILE, MODEL_FILE, CONFIG_FILE, METRICS_FILE = "ckpt.pt", "model.pt", "config.resolved.json", "metrics.jsonl"
+PREV_CKPT_FILE = "ckpt.prev.pt"
+_CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
 _RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumption
 
@@ -66,7 +75,7 @@ def formal_task(cfg: Config) -> Task:
         raise ConfigError("data.task: '' is not allowed; expected a task name from regulargpt.tasks.TASK_NAMES")
     try:
         task = make_task(cfg.data.task, **cfg.data.task_options)
-    except ValueError as err:
+    except TaskError as err:
         raise ConfigError(f"data.task / data.task_options: {err}") from None
     for key, wanted in (("vocab_size", task.input_vocab_size), ("num_classes", task.num_classes)):
         have = getattr(cfg.model, key)
@@ -96,7 +105,12 @@ def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
 def _prepare_run_dir(cfg: Config, run_dir: Path) -> None:
     path = run_dir / CONFIG_FILE
     if path.is_file():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text())
+        except ValueError as err:
+            raise ConfigError(f"{path}: the run's config is unreadable ({err}); use another --run-dir") from None
+        if not isinstance(old, dict):
+            raise ConfigError(f"{path}: the run's config is not a JSON object; use another --run-dir")
         if _comparable(old) != _comparable(config_to_dict(cfg)):
             diff = sorted(
                 f"{s}.{k}" for s, section in _comparable(config_to_dict(cfg)).items() if isinstance(section, dict)
@@ -108,17 +122,56 @@ def _prepare_run_dir(cfg: Config, run_dir: Path) -> None:
     save_config(cfg, path)
 
 
-def _save_ckpt(path: Path, state: dict[str, Any]) -> None:
+def _save_ckpt(run_dir: Path, state: dict[str, Any]) -> None:
+    """Write ckpt.pt atomically, keeping the one it replaces as ckpt.prev.pt."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(run_dir / CKPT_FILE, buffer.getvalue(), previous=run_dir / PREV_CKPT_FILE)
+
+
+def _read_ckpt(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, garbage, ...: any failure to read means the file is unusable
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__})") from None
+    if not isinstance(state, dict) or any(key not in state for key in _CKPT_KEYS):
+        raise CheckpointError(f"{path}: not a formal-training checkpoint (expected keys {', '.join(_CKPT_KEYS)})")
+    return state
+
+
+def _load_ckpt(run_dir: Path) -> dict[str, Any] | None:
+    """The state to resume from: ckpt.pt, else ckpt.prev.pt (warning naming both); None for a fresh run.
+
+    An unreadable ckpt.pt is renamed ckpt.pt.corrupt, so that the next save does not rotate it over the good
+    ckpt.prev.pt. CheckpointError when checkpoint files exist but none can be read.
+    """
+    newest, previous = run_dir / CKPT_FILE, run_dir / PREV_CKPT_FILE
+    problems = []
+    for path in (newest, previous):
+        if not path.is_file():
+            continue
+        try:
+            state = _read_ckpt(path)
+        except CheckpointError as err:
+            problems.append(str(err))
+            continue
+        if path == previous and newest.is_file():
+            newest.replace(run_dir / f"{CKPT_FILE}.corrupt")
+            print(f"warning: {problems[0]}; resuming from {previous} (step {state['step']}) instead, kept the "
+                  f"unreadable file as {CKPT_FILE}.corrupt", file=sys.stderr, flush=True)
+        return state
+    if problems:
+        raise CheckpointError(f"no readable checkpoint in {run_dir}: {'; '.join(problems)}; delete them (and "
+                              f"{METRICS_FILE}) to train from scratch, or use another --run-dir")
+    return None
 
 
 def _trim_metrics(path: Path, last_step: int) -> None:
-    """Drop metrics rows logged after the checkpoint we resume from (they will be logged again)."""
+    """Drop metrics rows logged after the checkpoint we resume from (they will be logged again), and a last line cut
+    short by a kill."""
     if path.is_file():
-        rows = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-        atomic_write_text(path, "".join(row + "\n" for row in rows))
+        rows = [row for row in read_jsonl(path) if row["step"] <= last_step]
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def train_formal(
@@ -148,18 +201,21 @@ def train_formal(
     data_gen = torch.Generator().manual_seed(seed_stream(tc.seed, _DATA_STREAM))
     torch_rng = torch.Generator().manual_seed(seed_stream(tc.seed, _TORCH_STREAM)).get_state()
     step, seconds, bad_steps = 0, 0.0, 0
-    ckpt_path = run_dir / CKPT_FILE
-    if ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    state = _load_ckpt(run_dir)
+    if state is not None:
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{run_dir}: the checkpoint does not fit the configured model "
+                                  f"({type(err).__name__}: {str(err)[:200]})") from None
         data_gen.set_state(state["data_rng"])
         torch_rng = state["torch_rng"]
         step, seconds, bad_steps = state["step"], state["seconds"], state["bad_steps"]
     _trim_metrics(run_dir / METRICS_FILE, step)
 
     def checkpoint() -> None:
-        _save_ckpt(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        _save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                "data_rng": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
                                "step": step, "seconds": seconds, "bad_steps": bad_steps})
 
@@ -176,16 +232,22 @@ def train_formal(
             logits = model(inputs)  # (B, num_classes)
             loss = F.cross_entropy(logits, labels)
             optimizer.zero_grad(set_to_none=True)
-            if math.isfinite(loss.item()):
+            finite = math.isfinite(loss.item())
+            if finite:
                 loss.backward()
-                if tc.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                optimizer.step()
-            else:
+                norm = (nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip) if tc.grad_clip > 0
+                        else nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+                finite = math.isfinite(float(norm))
+                if finite:
+                    optimizer.step()
+            if not finite:
                 bad_steps += 1
                 if bad_steps > tc.max_bad_steps:
-                    raise RuntimeError(f"{run_dir}: loss is not finite at step {step + 1} "
-                                       f"({bad_steps} bad steps > train.max_bad_steps = {tc.max_bad_steps})")
+                    raise TrainError(f"{run_dir}: step {step + 1}: {bad_steps} steps skipped for a non-finite loss or "
+                                     f"gradient, more than train.max_bad_steps={tc.max_bad_steps}; stopped (the last "
+                                     f"checkpoint, {CKPT_FILE}, is kept). Lower train.lr and rerun to resume")
+                bar.write(f"warning: step {step + 1}: non-finite loss or gradient; step skipped, weights unchanged "
+                          f"({bad_steps}/{tc.max_bad_steps} allowed)", file=sys.stderr)
             step += 1
             seconds += time.perf_counter() - start
             acc = (logits.argmax(dim=-1) == labels).float().mean().item()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from regulargpt.config import Config, config_to_dict
-from regulargpt.io import atomic_write_text
+from regulargpt.io import atomic_write_text, read_jsonl
 
 __all__ = ["peak_flops", "wandb_has_key", "MetricsLog"]
 
@@ -89,13 +89,14 @@ class MetricsLog:
             self.wandb_run = self._start_wandb()
 
     def _truncate_after(self, step: int) -> None:
-        """A resumed run rewrites history from its checkpoint on: drop records with step > `step`."""
+        """A resumed run rewrites history from its checkpoint on: drop records with step > `step` (and a last line
+        cut short by a kill), atomically."""
         if not self.path.is_file():
             return
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        if len(kept) != len(lines):
-            atomic_write_text(self.path, "".join(ln + "\n" for ln in kept))
+        rows = read_jsonl(self.path)
+        kept = [row for row in rows if row.get("step", 0) <= step]
+        if len(kept) != len(rows) or not self.path.read_bytes().endswith(b"\n"):
+            atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def _start_wandb(self) -> Any:
         if "WANDB_MODE" not in os.environ and not wandb_has_key():

@@ -2,8 +2,9 @@
 
 One call, :func:`train`, does a whole run (or the rest of one)::
 
-    prepare env → check data (vocab, val length) → init_distributed (gloo on CPU) → build model (seeded) →
-    DeepSpeed engine → resume from ``latest`` if the run dir has one → for step in start..steps:
+    prepare env → check data (vocab, tokenizer, val length) → init_distributed (gloo on CPU) → build model
+    (seeded) → DeepSpeed engine → resume from the newest intact checkpoint if the run dir has one →
+    for step in start..steps:
         grad_accum × (batch(step, micro_step) → forward → loss → engine.backward → engine.step)
         log / validate / checkpoint; stop cleanly on SIGTERM/SIGUSR1
     → final checkpoint → model.pt (rank 0)
@@ -17,6 +18,14 @@ Preemption: the first SIGTERM or SIGUSR1 asks for a stop; after the current step
 per step), a checkpoint is written and :func:`train` returns ``{"preempted": True, ...}`` (the launcher exits 0).
 A second signal arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM
 and torchrun within that window count as one).
+
+Non-finite steps: before each backward every rank's loss is checked and the verdict all-reduced, so all ranks agree.
+A bad first micro-batch skips the step's backward and optimizer step outright; a bad later micro-batch (under
+gradient accumulation, when DeepSpeed is already part-way through its accumulation) or a non-finite global gradient
+norm lets the step run to its boundary and :class:`~regulargpt.train.engine.GuardedAdamW` discards the update. Either
+way weights and optimizer state are unchanged, the LR schedule still advances with the step count, a warning is
+printed and the step is logged with ``"skipped": true``. More than ``train.max_bad_steps`` skipped steps in a run (the
+count is kept in checkpoints) stop it with a TrainError; the checkpoints on disk are left as they are.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -38,6 +48,7 @@ import torch.nn.functional as F
 from regulargpt.config import Config
 from regulargpt.train import run_dir as rd
 from regulargpt.train.engine import TrainError, build_engine, lr_factor, prepare_process_env, skip_shm_build
+from regulargpt.train.faults import nan_plan, poison
 from regulargpt.train.logging import MetricsLog, peak_flops
 
 __all__ = ["StopRequest", "train"]
@@ -73,8 +84,9 @@ def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
-    """Train and val splits; clear errors for a missing folder, a vocabulary mismatch or a too-short split."""
-    from regulargpt.data import DataError, load_manifest, open_split
+    """Train and val splits; clear errors for a missing folder, a vocabulary or tokenizer mismatch, a truncated
+    token file or a too-short split."""
+    from regulargpt.data import DataError, check_tokenizer, load_manifest, open_split
 
     if not cfg.data.path:
         raise TrainError("data.path is empty; prepare a folder with `python data_prep/prepare.py --source "
@@ -88,6 +100,7 @@ def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
                          f"{cfg.data.path}/manifest.json has vocab_size={manifest['vocab_size']}. "
                          f"Set --set model.vocab_size={manifest['vocab_size']} "
                          f"or prepare the data with --vocab-size {cfg.model.vocab_size}")
+    check_tokenizer(cfg.data.path)
     splits = []
     for name in ("train", "val"):
         split = open_split(cfg.data.path, name, vocab_size=cfg.model.vocab_size)
@@ -106,7 +119,7 @@ def _seed_all(seed: int) -> None:
 
 
 class _Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int]) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]]) -> None:
         import deepspeed
         import torch.distributed as dist
 
@@ -115,12 +128,10 @@ class _Trainer:
 
         self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
         self.rank, self.world = env["rank"], env["world_size"]
-        train_split, val_split, manifest = _open_data(cfg)
+        train_split, val_split, manifest = data
         self.fingerprint = _data_fingerprint(manifest)
-        if cfg.train.precision == "fp16" and not torch.cuda.is_available():
-            raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
-                             "use --set train.precision=bf16 or fp32")
         rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        run_dir.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False)
@@ -133,17 +144,19 @@ class _Trainer:
         model = build_model(cfg.model)
         self.flops_per_token = model.flops_per_token(cfg.data.seq_len)
         self.num_parameters = model.num_parameters()
-        self.engine, _, self.scheduler, self.param_names = build_engine(cfg, model, self.world)
+        self.engine, self.scheduler, self.param_names, self.optimizer = build_engine(cfg, model, self.world)
         self.device = self.engine.device
         # ZeRO-0 fp32 hands DeepSpeed our torch AdamW unwrapped; DeepSpeed then clips without keeping the norm.
-        self._plain_optimizer = isinstance(self.engine.optimizer, torch.optim.Optimizer) and not hasattr(
-            self.engine.optimizer, "_global_grad_norm")
+        self._plain_optimizer = self.optimizer.wrapper is None
         self.grad_norm: float | None = None
+        self.nan_plan = nan_plan(self.rank, self.world)  # test-only fault injection; {} unless REGULARGPT_INJECT_NAN
         _seed_all(t.seed * 1_000_003 + 7919 * (self.rank + 1))  # per-rank stream (dropout)
 
-        self.sampler = WindowSampler(train_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world)
-        self.val_sampler = WindowSampler(val_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world)
-        self.step, self.tokens = 0, 0
+        self.sampler = WindowSampler(train_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
+                                     vocab_size=cfg.model.vocab_size)
+        self.val_sampler = WindowSampler(val_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
+                                         vocab_size=cfg.model.vocab_size)
+        self.step, self.tokens, self.bad_steps = 0, 0, 0
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.data.seq_len * self.world
         self._resume()
         self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
@@ -151,7 +164,7 @@ class _Trainer:
     # ------------------------------------------------------------------------------------------ checkpoints
 
     def _state(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens": self.tokens, "world_size": self.world,
+        return {"step": self.step, "tokens": self.tokens, "world_size": self.world, "bad_steps": self.bad_steps,
                 "sampler": self.sampler.state_dict(),
                 "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
                 "precision": self.cfg.train.precision, "param_names": self.param_names}
@@ -165,14 +178,30 @@ class _Trainer:
             rd.write_trainer_state(self.run_dir, self.step, state)
         self.dist.barrier()
         if self.rank == 0:
+            rd.write_checksums(self.run_dir, self.step)
             rd.mark_latest(self.run_dir, self.step)
             rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
         self.dist.barrier()
 
-    def _resume(self) -> None:
-        step = rd.latest_step(self.run_dir)
+    def _resume_point(self) -> int | None:
+        """Rank 0 picks the checkpoint (rd.resume_step: may set a corrupt one aside) and tells the other ranks."""
+        choice: list[Any] = [None]
         if self.rank == 0:
-            rd.remove_partial_checkpoints(self.run_dir)
+            try:
+                step, warnings_ = rd.resume_step(self.run_dir)
+                choice = [step]
+                for text in warnings_:
+                    print(f"warning: {text}", file=sys.stderr, flush=True)
+            except TrainError as err:
+                choice = [str(err)]
+        if self.world > 1:
+            self.dist.broadcast_object_list(choice, src=0)
+        if isinstance(choice[0], str):
+            raise TrainError(choice[0])
+        return choice[0]
+
+    def _resume(self) -> None:
+        step = self._resume_point()
         if step is None:
             return
         state = rd.read_trainer_state(self.run_dir, step)
@@ -183,20 +212,26 @@ class _Trainer:
         if state["data"] != self.fingerprint:
             raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
                              f"{self.fingerprint}); resume with the same data folder")
-        path, _ = self.engine.load_checkpoint(str(self.run_dir), tag=f"global_step{step}", load_optimizer_states=True,
-                                              load_lr_scheduler_states=True)
+        try:
+            with rd.safe_loading():
+                path, _ = self.engine.load_checkpoint(str(self.run_dir), tag=f"global_step{step}",
+                                                      load_optimizer_states=True, load_lr_scheduler_states=True)
+        except (RuntimeError, KeyError, ValueError, OSError) as err:  # intact files that do not fit this model
+            raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed cannot load this checkpoint into the "
+                             f"configured model ({type(err).__name__}: {str(err)[:300]})") from None
         if path is None:
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
         self.sampler.load_state_dict(state["sampler"])
         rd.load_rng(self.run_dir, step, self.rank)
-        self.step, self.tokens = state["step"], state["tokens"]
+        self.step, self.tokens, self.bad_steps = state["step"], state["tokens"], state.get("bad_steps", 0)
 
     # --------------------------------------------------------------------------------------------- training
 
-    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+    def _loss(self, batch: torch.Tensor, fault: str | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy of one micro-batch; `fault` is the test-only NaN injection (faults.py)."""
         batch = batch.to(self.device, non_blocking=True)
-        logits = self.engine(batch[:, :-1])  # (B, T, V)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        logits, factor = poison(fault, self.engine(batch[:, :-1]))  # (B, T, V)
+        return factor * F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
     def _all_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
@@ -204,6 +239,9 @@ class _Trainer:
             t = t.to(self.device) if self.device.type == "cuda" else t
             self.dist.all_reduce(t)
         return t.cpu().tolist()
+
+    def _any_rank(self, flag: bool) -> bool:
+        return self._all_sum([float(flag)])[0] > 0 if self.world > 1 else flag
 
     @torch.no_grad()
     def validate(self) -> float:
@@ -214,21 +252,52 @@ class _Trainer:
         self.engine.train()
         return self._all_sum([total])[0] / (self.cfg.train.eval_batches * self.world)
 
-    def train_step(self) -> float:
-        """One optimizer step (grad_accum micro-batches) → this rank's mean loss; sets ``self.grad_norm``."""
-        total, accum = 0.0, self.cfg.train.grad_accum
+    def train_step(self) -> tuple[float, bool]:
+        """One optimizer step (grad_accum micro-batches) → (this rank's mean loss, whether the step was skipped).
+
+        Sets ``self.grad_norm``. A skipped step changes no weight and no optimizer state (see the module docstring).
+        """
+        total, count, accum, bad = 0.0, 0, self.cfg.train.grad_accum, False
+        fault = self.nan_plan.get(self.step + 1)
+        lr_epoch = self.scheduler.last_epoch
+        self.optimizer.skip = self.optimizer.fired = False
+        self.grad_norm = None
         for micro in range(accum):
-            loss = self._loss(self.sampler.batch(self.step, micro))
+            loss = self._loss(self.sampler.batch(self.step, micro), fault if micro == 0 else None)
+            total, count = total + loss.item(), count + 1
+            bad = self._any_rank(not math.isfinite(loss.item())) or bad  # every rank agrees before any backward
+            if bad and micro == 0:
+                break  # nothing accumulated yet: skip backward and optimizer step altogether
             self.engine.backward(loss)
-            if micro == accum - 1 and self._plain_optimizer:  # DeepSpeed records no norm here: take it pre-clipping
-                grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-                self.grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+            if micro == accum - 1:
+                if self._plain_optimizer:  # DeepSpeed records no norm here: take it pre-clipping (grads all-reduced)
+                    grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+                    self.grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+                    bad = bad or (self.grad_norm is not None and not math.isfinite(self.grad_norm))
+                self.optimizer.skip = bad
             self.engine.step()
-            total += loss.item()
-        if not self._plain_optimizer:
+        if not self._plain_optimizer and not bad:
             norm = self.engine.get_global_grad_norm()
             self.grad_norm = None if norm is None else float(norm)
-        return total / accum
+        skipped = bad or self.optimizer.fired or not self.engine.was_step_applied()
+        if skipped and self.scheduler.last_epoch == lr_epoch:
+            self.scheduler.step()  # DeepSpeed steps the schedule only after an applied update; keep lr = f(step)
+        self.optimizer.skip = False
+        return total / count, skipped
+
+    def _skip(self, loss: float) -> None:
+        """Count a skipped step; warn, or stop the run when there were more than train.max_bad_steps."""
+        t = self.cfg.train
+        self.bad_steps += 1
+        latest = rd.latest_step(self.run_dir)
+        if self.bad_steps > t.max_bad_steps:
+            kept = f"the last good checkpoint is global_step{latest}" if latest is not None else "no checkpoint yet"
+            raise TrainError(f"step {self.step}: {self.bad_steps} steps skipped for a non-finite loss or gradient, "
+                             f"more than train.max_bad_steps={t.max_bad_steps}; stopped ({kept} in {self.run_dir}). "
+                             f"Lower train.lr or fix the data, then rerun to resume (raising train.max_bad_steps "
+                             f"is allowed on resume)")
+        self.log.message(f"warning: step {self.step}: non-finite loss or gradient (loss {loss}); step skipped, "
+                         f"weights unchanged ({self.bad_steps}/{t.max_bad_steps} allowed)")
 
     def run(self, stop: StopRequest) -> dict[str, Any]:
         cfg, t = self.cfg, self.cfg.train
@@ -241,11 +310,11 @@ class _Trainer:
         else:
             self.log.message(f"{self.run_dir}: resuming at step {self.step}/{t.steps}")
         self.engine.train()
-        bad, preempted, start_step, run_start = 0, False, self.step, time.perf_counter()
+        preempted, start_step, run_start = False, self.step, time.perf_counter()
         window_time, window_tokens, last_val = 0.0, 0, None
         while self.step < t.steps:
             start = time.perf_counter()
-            loss = self.train_step()
+            loss, skipped = self.train_step()
             lr = t.lr * lr_factor(self.step, cfg)
             self.step += 1
             self.tokens += self.tokens_per_step
@@ -254,18 +323,16 @@ class _Trainer:
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
             self.log.advance()
-            if not math.isfinite(loss):
-                bad += 1
-                self.log.message(f"step {self.step}: loss is {loss}")
-                if bad > t.max_bad_steps:
-                    raise TrainError(f"{bad} steps with a non-finite loss (train.max_bad_steps={t.max_bad_steps}); "
-                                     f"lower train.lr or resume from an earlier checkpoint")
+            if skipped:
+                self._skip(loss)
             final = self.step == t.steps
             do_eval = final or (t.eval_every > 0 and self.step % t.eval_every == 0)
-            if do_eval or self.step % t.log_every == 0:
+            if do_eval or skipped or self.step % t.log_every == 0:
                 rec: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr}
                 if self.grad_norm is not None:
                     rec["grad_norm"] = self.grad_norm
+                if skipped:
+                    rec["skipped"] = True
                 tps = window_tokens / max(window_time, 1e-9)
                 rec.update(tokens=self.tokens, tokens_per_s=tps,
                            mfu=self.flops_per_token * tps / (self.peak * self.world),
@@ -306,6 +373,10 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
     env = prepare_process_env()
+    if cfg.train.precision == "fp16" and not torch.cuda.is_available():
+        raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
+                         "use --set train.precision=bf16 or fp32")
+    data = _open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     stop = StopRequest()
     stop.install()
     try:
@@ -313,9 +384,7 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
 
         skip_shm_build()
         _quiet_deepspeed()
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = _Trainer(cfg, run_dir, env)
+        trainer = _Trainer(cfg, Path(run_dir), env, data)
         return trainer.run(stop)
     finally:
         stop.uninstall()

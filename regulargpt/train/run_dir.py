@@ -8,21 +8,30 @@ Layout::
       global_step100/               DeepSpeed checkpoint of step 100 (files depend on the ZeRO stage) plus
         trainer_state.json            step, tokens, world size, sampler state, data fingerprint, parameter names
         rng_rank<r>.pt                each rank's python / numpy / torch RNG states
+        checksums.json                size + sha256 of every other file: the completion marker, written last
       global_step200/
-      latest                        "global_step200": written last, atomically; a checkpoint without it is partial
+      latest                        "global_step200": written after checksums.json, atomically
       model.pt                      consolidated fp32 model (regulargpt.checkpoint format), written at the end
       zero_to_fp32.py               copied there by DeepSpeed (ZeRO ≥ 1); launch/export.py does the same job
 
-A checkpoint counts once ``latest`` names it: a run killed while saving resumes from the previous one, and the
-partial folder is removed on resume. ``keep_last`` complete checkpoints are kept, older ones deleted.
+Save order: every rank writes its files → barrier → rank 0 fsyncs and hashes them into ``checksums.json`` →
+``latest`` → older checkpoints beyond ``keep_last`` are deleted. A checkpoint counts once ``latest`` names it: a run
+killed while saving resumes from the previous one, and the partial folder is removed on resume. A checkpoint that
+fails its checksums later (truncated, overwritten, a missing file) is skipped on resume with a warning naming it and
+the older intact checkpoint used instead (:func:`resume_step`).
+
+Every ``torch.load`` of checkpoint files, DeepSpeed's included, runs with ``weights_only=True`` (:func:`safe_loading`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +39,7 @@ import numpy as np
 import torch
 
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
-from regulargpt.io import atomic_write_text
+from regulargpt.io import atomic_write_text, sha256_file
 from regulargpt.train.engine import TrainError
 
 __all__ = [
@@ -39,6 +48,10 @@ __all__ = [
     "check_or_write_config",
     "latest_step",
     "checkpoint_steps",
+    "safe_loading",
+    "write_checksums",
+    "verify_checkpoint",
+    "resume_step",
     "write_trainer_state",
     "read_trainer_state",
     "mark_latest",
@@ -51,7 +64,7 @@ __all__ = [
     "export_model",
 ]
 
-CONFIG_FILE, LATEST, TRAINER_STATE = "config.resolved.json", "latest", "trainer_state.json"
+CONFIG_FILE, LATEST, TRAINER_STATE, CHECKSUMS = "config.resolved.json", "latest", "trainer_state.json", "checksums.json"
 _TAG = re.compile(r"^global_step(\d+)$")
 
 # Keys that may change between a run and its resumption: they do not change what is trained.
@@ -135,12 +148,126 @@ def read_trainer_state(run_dir: Path, step: int) -> dict[str, Any]:
     path = run_dir / f"global_step{step}" / TRAINER_STATE
     if not path.is_file():
         raise TrainError(f"{path}: missing; not a checkpoint written by regulargpt")
-    return json.loads(path.read_text())
+    try:
+        state = json.loads(path.read_text())
+    except ValueError as err:
+        raise TrainError(f"{path}: unreadable ({err}); the checkpoint is corrupt") from None
+    if not isinstance(state, dict):
+        raise TrainError(f"{path}: expected a JSON object; the checkpoint is corrupt")
+    return state
+
+
+def write_checksums(run_dir: Path, step: int) -> None:
+    """Seal global_step<step>/ (rank 0, after every rank has written its files): fsync each file and record its size
+    and sha256 in ``checksums.json``, atomically. Costs one read of the checkpoint (about 1 s per GB)."""
+    folder = run_dir / f"global_step{step}"
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # DeepSpeed's torch.save does not; the data must be on disk before the marker is
+        finally:
+            os.close(fd)
+        files[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    atomic_write_text(folder / CHECKSUMS, json.dumps({"step": step, "files": files}, indent=1, sort_keys=True) + "\n")
+
+
+def verify_checkpoint(run_dir: Path, step: int, legacy_ok: bool = True) -> str:
+    """'' when global_step<step>/ is intact, else the reason: a missing folder or file, a size or sha256 that
+    differs from ``checksums.json``, an unreadable ``trainer_state.json``.
+
+    A folder without ``checksums.json`` was written before checksums existed: accepted (``legacy_ok``) when its
+    trainer state reads, since ``latest`` already guaranteed it complete.
+    """
+    folder = run_dir / f"global_step{step}"
+    if not folder.is_dir():
+        return "the folder is missing"
+    marker = folder / CHECKSUMS
+    if marker.is_file():
+        try:
+            listed = json.loads(marker.read_text())["files"]
+            expected = {name: (int(info["bytes"]), str(info["sha256"])) for name, info in listed.items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"{CHECKSUMS} is unreadable"
+        for name, (size, digest) in sorted(expected.items()):
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != size:
+                return f"{name} has {path.stat().st_size} bytes, {CHECKSUMS} says {size}"
+            if sha256_file(path) != digest:
+                return f"{name} does not match its sha256 in {CHECKSUMS}"
+    elif not legacy_ok:
+        return f"no {CHECKSUMS} (an interrupted save)"
+    try:
+        read_trainer_state(run_dir, step)
+    except TrainError:
+        return f"{TRAINER_STATE} is missing or unreadable"
+    return ""
+
+
+def _set_aside(run_dir: Path, step: int) -> str:
+    """Rename a corrupt global_step<step> to global_step<step>.corrupt[N] (kept for inspection, ignored) → new name."""
+    base = f"global_step{step}.corrupt"
+    name, n = base, 1
+    while (run_dir / name).exists():
+        name, n = f"{base}{n}", n + 1
+    os.replace(run_dir / f"global_step{step}", run_dir / name)
+    return name
+
+
+def resume_step(run_dir: Path) -> tuple[int | None, list[str]]:
+    """The checkpoint a restarted run resumes from → (step or None for a fresh run, warnings). Rank 0 only.
+
+    Normally the one ``latest`` names; folders newer than it (interrupted saves) are deleted. If it fails
+    :func:`verify_checkpoint`, the newest older checkpoint that passes is used: every failed folder is renamed
+    ``global_step<N>.corrupt`` and ``latest`` rewritten, and a warning names both checkpoints. Without any intact
+    checkpoint: TrainError listing what is wrong with each (nothing is renamed then).
+    """
+    path = run_dir / LATEST
+    if not path.is_file():
+        return None, []
+    m = _TAG.match(path.read_text().strip())
+    named = int(m.group(1)) if m else None  # an unreadable `latest`: only sealed folders can be trusted
+    if named is not None:
+        remove_partial_checkpoints(run_dir, named)
+    for leftover in run_dir.glob(".deleting-global_step*"):  # a prune killed half-way
+        shutil.rmtree(leftover, ignore_errors=True)
+    failed: list[tuple[int, str]] = []
+    if named is not None and not (run_dir / f"global_step{named}").is_dir():
+        failed.append((named, "the folder is missing"))
+    chosen = None
+    for step in sorted((s for s in checkpoint_steps(run_dir) if named is None or s <= named), reverse=True):
+        reason = verify_checkpoint(run_dir, step, legacy_ok=named is not None)
+        if not reason:
+            chosen = step
+            break
+        failed.append((step, reason))
+    problems = "; ".join(f"global_step{s}: {why}" for s, why in failed) or "no checkpoint folder"
+    if chosen is None:
+        raise TrainError(f"{run_dir}: no intact checkpoint to resume from ({problems}); move the run directory "
+                         f"away (or delete its global_step* folders and 'latest') to start again")
+    warnings = []
+    for step, reason in failed:
+        kept = f" (kept as {_set_aside(run_dir, step)})" if (run_dir / f"global_step{step}").is_dir() else ""
+        warnings.append(f"checkpoint {run_dir}/global_step{step} is corrupt: {reason}{kept}; resuming from "
+                        f"global_step{chosen} instead, the newest intact one")
+    if failed or named is None:
+        mark_latest(run_dir, chosen)
+    return chosen, warnings
 
 
 def mark_latest(run_dir: Path, step: int) -> None:
     """Make global_step<step> the checkpoint a resume starts from (atomic rename)."""
     atomic_write_text(run_dir / LATEST, f"global_step{step}")
+
+
+def _delete_checkpoint(run_dir: Path, step: int) -> None:
+    """Rename first (atomic), then delete: a half-deleted folder never looks like a checkpoint."""
+    doomed = run_dir / f".deleting-global_step{step}"
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(run_dir / f"global_step{step}", doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
@@ -151,17 +278,51 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
     complete = [s for s in checkpoint_steps(run_dir) if s <= last]
     doomed = complete[:-keep] if keep > 0 else []
     for s in doomed:
-        shutil.rmtree(run_dir / f"global_step{s}", ignore_errors=True)
+        _delete_checkpoint(run_dir, s)
     return doomed
 
 
-def remove_partial_checkpoints(run_dir: Path) -> list[int]:
-    """On resume: delete checkpoint folders newer than ``latest`` (a save that was interrupted)."""
-    last = latest_step(run_dir)
+def remove_partial_checkpoints(run_dir: Path, last: int | None = None) -> list[int]:
+    """On resume: delete checkpoint folders newer than ``latest`` (or `last`): saves that were interrupted."""
+    last = latest_step(run_dir) if last is None else last
     partial = [s for s in checkpoint_steps(run_dir) if last is None or s > last]
     for s in partial:
-        shutil.rmtree(run_dir / f"global_step{s}", ignore_errors=True)
+        _delete_checkpoint(run_dir, s)
     return partial
+
+
+@contextmanager
+def safe_loading() -> Iterator[None]:
+    """Every ``torch.load`` inside runs with ``weights_only=True`` — DeepSpeed's too, which asks for
+    ``weights_only=False`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` overrides the argument). Allowed besides tensors and
+    plain containers: numpy's array reconstruction (RNG states) and the four plain-data DeepSpeed classes its
+    checkpoints hold (loss scalers, the ZeRO stage enum, optimizer fragment addresses). Not thread-safe (it sets
+    an environment variable for the duration).
+    """
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct
+
+    allowed: list[Any] = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        allowed += [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+    except ImportError:
+        pass
+    before = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(allowed):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = before
 
 
 # ------------------------------------------------------------------------------------------------------- RNG
@@ -185,7 +346,8 @@ def load_rng(run_dir: Path, step: int, rank: int) -> None:
     path = run_dir / f"global_step{step}" / f"rng_rank{rank}.pt"
     if not path.is_file():
         raise TrainError(f"{path}: missing (was the run saved with another number of processes?)")
-    state = torch.load(path, weights_only=False)
+    with safe_loading():
+        state = torch.load(path, weights_only=True)
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -201,7 +363,8 @@ def _stage0_state_dict(folder: Path, names: list[list[str]]) -> dict[str, torch.
     path = folder / "mp_rank_00_model_states.pt"
     if not path.is_file():
         raise TrainError(f"{path}: missing; is {folder} a complete ZeRO-0 checkpoint?")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    with safe_loading():
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     state = {k: v.float() if v.is_floating_point() else v for k, v in ckpt["module"].items()}
     optim = ckpt.get("optimizer") or {}
     masters = optim.get("fp32_groups") if isinstance(optim, dict) else None
@@ -224,7 +387,8 @@ def consolidated_state_dict(run_dir: Path, step: int) -> dict[str, torch.Tensor]
         return _stage0_state_dict(folder, state["param_names"])
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    sd = get_fp32_state_dict_from_zero_checkpoint(str(run_dir), tag=f"global_step{step}")
+    with safe_loading():
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(run_dir), tag=f"global_step{step}")
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
@@ -247,7 +411,17 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
             raise TrainError(f"{run_dir}: no checkpoint yet (no 'latest' file)")
     elif not (run_dir / f"global_step{step}").is_dir():
         raise TrainError(f"{run_dir}: no checkpoint global_step{step}; have {checkpoint_steps(run_dir)}")
-    state = consolidated_state_dict(run_dir, step)
+    reason = verify_checkpoint(run_dir, step)
+    if reason:
+        raise TrainError(f"{run_dir}/global_step{step} is corrupt ({reason}); export another one with --step N "
+                         f"(have {checkpoint_steps(run_dir)})")
+    try:
+        state = consolidated_state_dict(run_dir, step)
+    except TrainError:
+        raise
+    except (OSError, RuntimeError, KeyError, ValueError) as err:  # e.g. a legacy checkpoint with a damaged file
+        raise TrainError(f"{run_dir}/global_step{step}: cannot read the checkpoint "
+                         f"({type(err).__name__}: {err})") from None
     model = build_model(cfg.model)
     try:
         model.load_state_dict(state, strict=True)
