@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 from regulargpt.errors import UserError
 
 __all__ = [
+    "read_json_object",
     "CorruptFileError",
     "atomic_open",
     "atomic_write",
@@ -121,3 +122,14 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := handle.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_json_object(path: Path, error: type[Exception], hint: str) -> dict[str, Any]:
+    """Parse `path` as a JSON object; anything else raises `error` naming the file, the problem and `hint`."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except ValueError as err:
+        raise error(f"{path}: unreadable ({err}); {hint}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object; {hint}")
+    return value

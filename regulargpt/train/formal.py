@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict, save_config
-from regulargpt.io import atomic_write_bytes, atomic_write_text, read_jsonl
+from regulargpt.io import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
@@ -105,12 +105,7 @@ def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
 def _prepare_run_dir(cfg: Config, run_dir: Path) -> None:
     path = run_dir / CONFIG_FILE
     if path.is_file():
-        try:
-            old = json.loads(path.read_text())
-        except ValueError as err:
-            raise ConfigError(f"{path}: the run's config is unreadable ({err}); use another --run-dir") from None
-        if not isinstance(old, dict):
-            raise ConfigError(f"{path}: the run's config is not a JSON object; use another --run-dir")
+        old = read_json_object(path, ConfigError, "the run's config is unusable; use another --run-dir")
         if _comparable(old) != _comparable(config_to_dict(cfg)):
             diff = sorted(
                 f"{s}.{k}" for s, section in _comparable(config_to_dict(cfg)).items() if isinstance(section, dict)

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
-from regulargpt.io import atomic_write_text, sha256_file
+from regulargpt.io import atomic_write_text, read_json_object, sha256_file
 from regulargpt.train.engine import TrainError
 
 __all__ = [
@@ -148,13 +148,7 @@ def read_trainer_state(run_dir: Path, step: int) -> dict[str, Any]:
     path = run_dir / f"global_step{step}" / TRAINER_STATE
     if not path.is_file():
         raise TrainError(f"{path}: missing; not a checkpoint written by regulargpt")
-    try:
-        state = json.loads(path.read_text())
-    except ValueError as err:
-        raise TrainError(f"{path}: unreadable ({err}); the checkpoint is corrupt") from None
-    if not isinstance(state, dict):
-        raise TrainError(f"{path}: expected a JSON object; the checkpoint is corrupt")
-    return state
+    return read_json_object(path, TrainError, "the checkpoint is corrupt")
 
 
 def write_checksums(run_dir: Path, step: int) -> None:
