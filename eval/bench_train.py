@@ -1,8 +1,9 @@
-"""Benchmark: training tokens/s, MFU and peak RSS of RegularGPT against the dense baselines.
+"""Benchmark: training tokens/s, MFU and peak memory of RegularGPT against the dense baselines.
 
 Each config runs in a fresh subprocess: build the model from the config, then `--steps` timed optimizer steps
 (forward, backward, AdamW) on random tokens of the config's training length, after `--warmup` untimed steps. MFU =
-flops_per_token(T) × tokens/s ÷ peak, with the peak FLOP/s measured here by a 2048² matmul in the same dtype.
+flops_per_token(T) × tokens/s ÷ peak, with the peak FLOP/s measured once at the start (best of 5 × 5 square
+matmuls in the same dtype and threads, `bench_attention.matmul_peak_gflops`).
 RegularGPT (K·ceil(log_C T) layer applications) is compared with baselines of the same number of layer applications.
 
     python eval/bench_train.py --out results/bench_train.md
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import git_commit, machine  # noqa: E402  (sibling script)
+from bench_attention import git_commit, machine, matmul_peak_gflops  # noqa: E402  (sibling script)
 
 from regulargpt.config import load_config  # noqa: E402
 from regulargpt.io import atomic_write_text  # noqa: E402
@@ -33,19 +34,23 @@ _WORKER = textwrap.dedent(
     from regulargpt.config import load_config
     from regulargpt.model import build_model, adaptive_depth
     path, steps, warmup, batch, threads, dtype = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
-    overrides = json.loads(sys.argv[7])
+    overrides, device = json.loads(sys.argv[7]), sys.argv[8]
+    cuda = device == "cuda"
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = load_config(path, overrides)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     t, vocab = cfg.data.seq_len, cfg.model.vocab_size
     amp = dtype == "bf16"
     def status_kib(field):
         return int(next(l for l in open("/proc/self/status") if l.startswith(field + ":")).split()[1])
     def step():
-        tokens = torch.randint(0, vocab, (batch, t + 1))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        tokens = torch.randint(0, vocab, (batch, t + 1), device=device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
@@ -53,23 +58,20 @@ _WORKER = textwrap.dedent(
         opt.step()
     for _ in range(warmup):
         step()
+    sync()
     start = time.perf_counter()
     for _ in range(steps):
         step()
+    sync()
     seconds = (time.perf_counter() - start) / steps
-    a = torch.randn(2048, 2048, dtype=torch.bfloat16 if amp else torch.float32)
-    a @ a
-    begin = time.perf_counter()
-    for _ in range(3):
-        a @ a
-    peak = 3 * 2 * 2048**3 / (time.perf_counter() - begin)
+    memory_mib = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_kib("VmHWM") / 1024
     m = cfg.model
     apps = m.thickness * adaptive_depth(t, m.chunk_size) if m.architecture == "regular_gpt" else m.n_layers
     tok_s = batch * t / seconds
     print(json.dumps({"config": path + "".join(" --set " + o for o in overrides), "model": m.architecture + ("" if m.architecture == "regular_gpt" else "/" + m.position),
                       "T": t, "batch": batch, "layer_applications": apps, "params": model.num_parameters(),
-                      "step_s": seconds, "tokens_per_s": tok_s, "mfu": model.flops_per_token(t) * tok_s / peak,
-                      "peak_gflops": peak / 1e9, "peak_rss_mib": status_kib("VmHWM") / 1024}))
+                      "step_s": seconds, "tokens_per_s": tok_s, "flops_per_token": model.flops_per_token(t),
+                      "peak_memory_mib": memory_mib}))
     """
 )
 
@@ -87,9 +89,13 @@ def main() -> None:
     parser.add_argument("--base-batch", type=int, default=1, help="sequences per step for configs with d >= 512")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16", help="autocast dtype (default: bf16)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the attention runs FlexAttention (algorithm auto); memory = peak allocated")
     parser.add_argument("--out", type=Path, default=Path("results/bench_train.md"))
     args = parser.parse_args()
 
+    peak = matmul_peak_gflops(args.device, args.dtype, args.threads)
+    print(f"matmul peak: {peak:.0f} GFLOP/s ({args.dtype}, {args.threads} threads)", flush=True)
     rows: list[dict] = []
 
     def run(path: str, overrides: list[str]) -> dict | None:
@@ -97,7 +103,7 @@ def main() -> None:
         batch = args.base_batch if big else args.batch
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         cmd = [sys.executable, "-c", _WORKER, path, str(args.steps), str(args.warmup), str(batch), str(args.threads),
-               args.dtype, json.dumps(overrides)]
+               args.dtype, json.dumps(overrides), args.device]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"{path}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
@@ -123,19 +129,19 @@ def main() -> None:
         "",
         f"Command: `python {' '.join(sys.argv)}`  ",
         f"Git commit: {git_commit()}  ",
-        f"Machine: {machine()}, torch threads {args.threads}  ",
+        f"Machine: {machine()}, torch threads {args.threads}, device {args.device}  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-        f"{args.steps} timed steps after {args.warmup} warm-up steps, random tokens. MFU against the matmul peak "
-        "measured in the same process and dtype. 'vs ALiBi' = tokens/s ratio to the ALiBi model with the same T and "
+        f"{args.steps} timed steps after {args.warmup} warm-up steps, random tokens. MFU against the measured "
+        f"{args.dtype} matmul peak, **{peak:.0f} GFLOP/s**. Peak memory: RSS (VmHWM) on CPU, allocated on CUDA. 'vs ALiBi' = tokens/s ratio to the ALiBi model with the same T and "
         "number of layer applications.",
         "",
-        "| config | model | T | batch | layer applications | params | step (s) | tokens/s | MFU | peak RSS (MiB) | vs ALiBi |",
+        "| config | model | T | batch | layer applications | params | step (s) | tokens/s | MFU | peak memory (MiB) | vs ALiBi |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['config']} | {r['model']} | {r['T']} | {r['batch']} | {r['layer_applications']} | "
-                     f"{r['params'] / 1e6:.2f}M | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
-                     f"{r['peak_rss_mib']:.0f} | {ratio_to(r, 'transformer/alibi')} |")
+                     f"{r['params'] / 1e6:.2f}M | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['flops_per_token'] * r['tokens_per_s'] / (peak * 1e9):.1%} | "
+                     f"{r['peak_memory_mib']:.0f} | {ratio_to(r, 'transformer/alibi')} |")
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 

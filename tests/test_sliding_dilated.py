@@ -131,3 +131,17 @@ def test_memory_is_linear_in_length_at_65536():
     result = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, check=True, env=env)
     grown_kib = int(result.stdout.strip().splitlines()[-1])
     assert grown_kib < 20 * tensor_kib, f"peak grew by {grown_kib} KiB, bound {20 * tensor_kib} KiB"
+
+
+@pytest.mark.parametrize("algorithm", ["shift", "blocked"])
+def test_autocast_runs_the_kernel_in_bf16_and_stays_close_to_fp32(algorithm):
+    """Under CPU autocast, fp32 inputs are cast to bf16 (bf16 matmuls); scores stay fp32, gradients reach fp32 leaves."""
+    c, dilation, t = 4, 4, 100
+    q, k, v, r, (pk, pv) = _inputs(1, 2, t, 16, c, True, dtype=torch.float32)
+    ref = reference_sliding_dilated_attention(q, k, v, r, dilation, pk, pv)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sliding_dilated_attention(q, k, v, r, dilation, pk, pv, algorithm=algorithm)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 5e-2
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and r.grad is not None and pk.grad is not None

@@ -19,6 +19,9 @@ rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. T
 * ``blocked``: cut the folded sequence into blocks of C queries; each block attends to its own and the previous
   block of keys with one batched matmul, scores (N/C, C, 2C), band outside masked. Memory O(T·C + T·Dh). Best for
   large C, where the matmuls are efficient.
+* ``flex`` (CUDA): FlexAttention over the folded sequence, in `flex_sliding.py`.
+
+`auto` picks per call by (C, T, dtype, device): `choose_algorithm`.
 
 Neither ever allocates a T×T tensor. Autograd reaches q, k, v, rel_bias and the pads through plain torch ops.
 """
@@ -32,10 +35,49 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth"]
+__all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm"]
 
-Algorithm = Literal["auto", "shift", "blocked"]
-_SHIFT_MAX_C = 8  # `auto` uses the shift loop up to this C (measured in eval/bench_attention.py), blocked above
+Algorithm = Literal["auto", "shift", "blocked", "flex"]
+
+
+def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The band algorithm `auto` runs for one call: "flex" on CUDA, else "shift" or "blocked" on CPU.
+
+    CPU rule, from `python eval/bench_dispatch.py` (results/bench_dispatch.md: forward + backward at every depth step
+    of T in {512, 4096, 16384}, C in {2, 3, 4, 8, 16, 32}, fp32 and bf16). The shift loop makes ~C passes over
+    (T, Dh) tensors; the blocked matmuls do 2× the score work but on the matrix units, where bf16 is ~4× faster than
+    fp32 here, and their advantage grows with T. Shift runs up to this C, blocked above:
+
+    ============  ==========  =========
+    dtype         T <= 4096   T > 4096
+    ============  ==========  =========
+    fp32 / fp64   C <= 8      C <= 4
+    bf16 / fp16   C <= 4      C <= 3
+    ============  ==========  =========
+
+    and shift whenever the folded length N = ceil(T/D) <= 4 (the last depth steps: blocked pads N up to one block
+    of C queries; shift was faster at 7 of the 8 such points with C >= 8, by up to 1.5×).
+
+    Measured: bf16 C = 8 blocked 1.6-2.8× faster; fp32 C = 8 at T = 16384 blocked 1.2-1.5× faster; C >= 16 blocked
+    up to 9× faster; C <= 3 shift up to 6× faster (fp32 blocked with C = 2 runs tiny matmuls). Over the whole grid
+    the rule's total time is within 5 % of always taking the faster of the two.
+
+    FlexAttention has no CPU backward (torch 2.13) and its CPU forward needs a compile per shape, so CPU calls
+    always use one of the two exact CPU algorithms.
+    """
+    if device.type == "cuda":
+        from regulargpt.model.flex_sliding import flex_available
+
+        if flex_available():
+            return "flex"
+    if -(-length // dilation) <= 4:
+        return "shift"
+    two_byte = dtype.itemsize <= 2
+    if length <= 4096:
+        max_shift = 4 if two_byte else 8
+    else:
+        max_shift = 3 if two_byte else 4
+    return "shift" if chunk_size <= max_shift else "blocked"
 
 
 def adaptive_depth(length: int, chunk_size: int) -> int:
@@ -209,19 +251,34 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
         rel_bias: (H, C) learnable per-head scalars; r[h, j] is added to the logit of key m - j·dilation.
         dilation: D = C**l at depth step l.
         pad_k, pad_v: (B, H, Dh) key/value read by out-of-range (negative) positions, or None to mask them.
-        algorithm: "shift", "blocked" or "auto" (shift for C <= 8, blocked above).
+        algorithm: "shift", "blocked", "flex" (FlexAttention; CUDA, or CPU without gradients) or "auto"
+            (`choose_algorithm`: flex on CUDA, else the faster CPU algorithm for this C, folded length and dtype).
 
     Returns:
-        (B, H, T, Dh). Scores and softmax run in fp32 (fp64 for fp64 inputs) whatever the input dtype.
+        (B, H, T, Dh). Under autocast, q/k/v/pads are cast to the autocast dtype first (bf16 matmuls on CPUs with
+        AVX-512 bf16/AMX); scores and softmax run in fp32 (fp64 for fp64 inputs) whatever the input dtype.
     """
     _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v)
-    t = q.shape[2]
-    c = rel_bias.shape[1]
+    device = q.device.type
+    if torch.is_autocast_enabled(device) and q.is_floating_point():
+        low = torch.get_autocast_dtype(device)
+        q, k, v = (x.to(low) for x in (q, k, v))
+        pad_k, pad_v = (None if x is None else x.to(low) for x in (pad_k, pad_v))
+    t, c = q.shape[2], rel_bias.shape[1]
     if algorithm == "auto":
-        algorithm = "shift" if c <= _SHIFT_MAX_C else "blocked"
-    band = {"shift": _band_shift, "blocked": _band_blocked}[algorithm]
-    qf, kf, vf = (_fold(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
-    return _unfold(band(qf, kf, vf, rel_bias, pad_k, pad_v), t)
+        algorithm = choose_algorithm(c, dilation, t, q.dtype, q.device)
+    if algorithm == "flex":
+        from regulargpt.model.flex_sliding import flex_sliding_dilated_attention
+
+        return flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
+    if algorithm not in _BANDS:
+        raise ValueError(f"algorithm must be one of auto, shift, blocked, flex; got {algorithm!r}")
+    with torch.autocast(device, enabled=False):
+        qf, kf, vf = (_fold(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
+        return _unfold(_BANDS[algorithm](qf, kf, vf, rel_bias, pad_k, pad_v), t)
+
+
+_BANDS = {"shift": _band_shift, "blocked": _band_blocked}
 
 
 def reference_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,

@@ -1,0 +1,158 @@
+"""Sliding-dilated attention through FlexAttention: the CUDA path (`algorithm="flex"`, picked by `auto` on GPU).
+
+Same rule as `sliding_dilated_attention`: query m sees the keys m - j·D, j < C, with logit q·k/sqrt(Dh) + r[h, j].
+
+Layout. Fold the dilation away (D interleaved subsequences of length N = ceil(T/D)) and lay the subsequences end to
+end: folded query n of subsequence s is row s·N + n. In pad mode each subsequence's keys get o = C−1 pad rows in
+front, so a subsequence holds M = N + o keys and folded key n − j sits at row s·M + n + o − j (mask mode: o = 0,
+M = N). Then
+
+    mask_mod(q_row, k_row):  s_q == s_k  and  0 <= j < C,   j = n_q + o − n_k
+    score_mod(score, h, q_row, k_row) = score + r[h, j]
+
+Worked example (T=5, C=2, D=2, pads): N=3, o=1, M=4; query position 4 is s=0, n=2, row 2; it sees k rows 3 (j=0,
+position 4) and 2 (j=1, position 2); query position 1 is s=1, n=0, row 3, and sees k rows 5 (position 1) and 4 (the pad).
+
+Block sparsity. Built directly from the band, never from a T×T mask: the visible k rows of q row i lie in
+[s·M + max(0, n + o − C + 1), s·M + n + o], both ends non-decreasing in i, so each 128-row query block needs one
+contiguous run of key blocks (`band_block_mask`). Work is O(T·(C + 128)) scores; memory O(T) for the tensors
+and O((T/128)²) int32 for the BlockMask's index table (4 MiB at T = 131,072).
+
+FlexAttention has no backward on CPU in torch 2.13; on CPU this path serves forward-only use (benchmarks, tests of
+the formulation), and training on CPU runs the shift/blocked kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["flex_available", "flex_sliding_dilated_attention", "band_block_mask"]
+
+_BLOCK = 128  # FlexAttention's default tile, for query and key blocks alike
+
+
+def flex_available() -> bool:
+    """True when torch has FlexAttention and a Triton to compile it for CUDA."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+        from torch.utils._triton import has_triton
+    except ImportError:
+        return False
+    return bool(has_triton())
+
+
+def _band_geometry(n: int, d: int, c: int, pads: bool) -> tuple[int, int]:
+    """(o, M): pad rows per subsequence and keys per subsequence."""
+    o = c - 1 if pads else 0
+    return o, n + o
+
+
+def _mask_mod(n: int, m: int, o: int, c: int) -> Callable:
+    def band(b: Tensor, h: Tensor, q_row: Tensor, k_row: Tensor) -> Tensor:
+        j = q_row % n + o - k_row % m
+        return (q_row // n == k_row // m) & (j >= 0) & (j < c)
+
+    return band
+
+
+def _score_mod(rel_bias: Tensor, n: int, m: int, o: int, c: int) -> Callable:
+    def bias(score: Tensor, b: Tensor, h: Tensor, q_row: Tensor, k_row: Tensor) -> Tensor:
+        j = (q_row % n + o - k_row % m).clamp(0, c - 1)  # out-of-band j are masked anyway
+        return score + rel_bias[h, j]
+
+    return bias
+
+
+@functools.lru_cache(maxsize=64)
+def band_block_mask(n: int, d: int, c: int, pads: bool, device: str):  # -> BlockMask
+    """The BlockMask of the band over D subsequences of N queries, from per-row key ranges (no T×T tensor).
+
+    Query block i covers rows [128·i, 128·i + 127]; its key blocks are lo//128 ... hi//128 with lo the first
+    visible k row of its first query and hi the last visible k row of its last query.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    o, m = _band_geometry(n, d, c, pads)
+    q_len, kv_len = d * n, d * m
+    q_blocks, kv_blocks = -(-q_len // _BLOCK), -(-kv_len // _BLOCK)
+    first = torch.arange(q_blocks, device=device) * _BLOCK
+    last = (first + _BLOCK - 1).clamp(max=q_len - 1)
+    lo = (first // n) * m + (first % n + o - (c - 1)).clamp(min=0)
+    hi = (last // n) * m + last % n + o
+    lo_block, hi_block = lo // _BLOCK, hi // _BLOCK
+    count = hi_block - lo_block + 1  # (q_blocks,)
+    # BlockMask wants (q_blocks, kv_blocks) indices of which the first `count` per row are used: O((T/128)²) int32
+    indices = (lo_block[:, None] + torch.arange(kv_blocks, device=device)[None, :]).clamp(max=kv_blocks - 1)
+    return BlockMask.from_kv_blocks(
+        count.to(torch.int32)[None, None], indices.to(torch.int32)[None, None],  # (1, 1, q_blocks[, kv_blocks])
+        BLOCK_SIZE=_BLOCK, mask_mod=_mask_mod(n, m, o, c), seq_lengths=(q_len, kv_len),
+    )
+
+
+_RECOMPILE_LIMIT = 64  # one compiled kernel per (folded geometry, dtype): depth steps × evaluated lengths
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex() -> Callable:
+    """flex_attention compiled with static shapes.
+
+    Static, because every geometry (N, M, o, C) is a Python constant of mask_mod/score_mod: under automatic dynamic
+    shapes torch 2.13 reused a kernel specialised for another geometry and returned wrong outputs (seen on CPU).
+    Each depth step and each evaluated length is then its own compile, so dynamo's per-function recompile limit
+    (8 by default, after which it silently runs the eager, T×T-materialising implementation) is raised.
+    """
+    import torch._dynamo.config as dynamo_config
+    from torch.nn.attention.flex_attention import flex_attention
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _RECOMPILE_LIMIT)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
+                                   pad_k: Tensor | None = None, pad_v: Tensor | None = None,
+                                   compile: bool = True) -> Tensor:
+    """Exact sliding-dilated attention by FlexAttention over the end-to-end folded sequence.
+
+    Args: as `sliding_dilated_attention` (q, k, v: (B, H, T, Dh); rel_bias: (H, C); pads: (B, H, Dh) or None).
+    compile: run the compiled (fused, block-sparse) kernel; False runs FlexAttention's eager implementation,
+        which materialises the (D·N, D·M) scores (small inputs in tests only).
+
+    Returns: (B, H, T, Dh) in q's dtype.
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, rel_bias))
+    if q.device.type == "cpu" and needs_grad:
+        raise ValueError("algorithm='flex': FlexAttention has no backward on CPU in torch "
+                         f"{torch.__version__}; use algorithm='shift' or 'blocked' (or 'auto') for CPU training")
+    b, h, t, dh = q.shape
+    c = rel_bias.shape[1]
+    n = -(-t // dilation)
+    o, m = _band_geometry(n, dilation, c, pad_k is not None)
+
+    def fold(x: Tensor) -> Tensor:  # (B, H, T, Dh) -> (B, H, D, N, Dh)
+        x = F.pad(x, (0, 0, 0, n * dilation - t))
+        return x.view(b, h, n, dilation, dh).transpose(2, 3)
+
+    qf, kf, vf = fold(q), fold(k), fold(v)
+    if pad_k is not None:
+        kf = torch.cat([pad_k[:, :, None, None, :].expand(b, h, dilation, o, dh), kf], dim=3)  # (B, H, D, M, Dh)
+        vf = torch.cat([pad_v[:, :, None, None, :].expand(b, h, dilation, o, dh), vf], dim=3)
+    rows_q, rows_k = dilation * n, dilation * m
+    block_mask = band_block_mask(n, dilation, c, pad_k is not None, str(q.device))
+    score_mod = _score_mod(rel_bias.to(torch.promote_types(q.dtype, torch.float32)), n, m, o, c)
+    args = (qf.reshape(b, h, rows_q, dh), kf.reshape(b, h, rows_k, dh), vf.reshape(b, h, rows_k, dh))
+    if compile:
+        out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+            out = flex_attention(*args, score_mod=score_mod, block_mask=block_mask)
+    out = out.view(b, h, dilation, n, dh).transpose(2, 3).reshape(b, h, n * dilation, dh)  # (B, H, N·D, Dh)
+    return out[:, :, :t]
