@@ -28,7 +28,8 @@ import torch
 from regulargpt.checkpoint import CheckpointError
 from regulargpt.cli import run
 from regulargpt.evaluation.lm_report import load_rows, write_report
-from regulargpt.evaluation.perplexity import EvalError, distributed_context, sweep
+from regulargpt.evaluation.length_sweep import distributed_context, sweep
+from regulargpt.evaluation.perplexity import EvalError
 
 
 def _lengths(text: str) -> list[int]:

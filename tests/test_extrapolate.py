@@ -21,14 +21,8 @@ import torch
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import Config, DataConfig, ModelConfig, TrainConfig
 from regulargpt.evaluation.lm_report import load_rows, write_report
-from regulargpt.evaluation.perplexity import (
-    EvalError,
-    ResultsFile,
-    plan_tokens,
-    plan_windows,
-    position_buckets,
-    sweep,
-)
+from regulargpt.evaluation.length_sweep import ResultsFile, sweep
+from regulargpt.evaluation.perplexity import EvalError, plan_tokens, plan_windows, position_buckets
 from regulargpt.model import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Tables and plots from perplexity rows (``results.jsonl`` of :mod:`regulargpt.evaluation.perplexity`).
+"""Tables and plots from perplexity rows (``results.jsonl`` of :mod:`regulargpt.evaluation.length_sweep`).
 
 Reads only the rows: nothing here runs a model. For every (dataset, split, protocol) group:
 

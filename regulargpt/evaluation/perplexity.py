@@ -13,48 +13,37 @@ Every length scores the same targets x_1 … x_N (N = :func:`plan_tokens`), so l
 
 ppl = exp(Σ NLL / N). Sums run in float64 over fp32 per-token losses. Under torchrun/deepspeed (WORLD_SIZE > 1)
 rank r scores windows r, r + W, r + 2W, … and the sums and counts are all-reduced over gloo.
+
+This module plans and scores; `length_sweep` runs the resumable sweep over runs and lengths.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from regulargpt.checkpoint import load_model_file
-from regulargpt.config import Config, ModelConfig
-from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
+from regulargpt.config import ModelConfig
 from regulargpt.errors import UserError
 
 __all__ = [
     "EvalError",
     "Protocol",
-    "ResultsFile",
-    "RunInfo",
     "WindowPlan",
-    "check_compatible",
+    "all_reduce_sums",
     "choose_batch_size",
-    "distributed_context",
     "estimate_memory",
-    "load_run",
     "model_label",
-    "open_eval_split",
     "plan_tokens",
     "plan_windows",
     "position_buckets",
     "score_windows",
-    "sweep",
-    "training_tokenizer_sha",
 ]
 
 Protocol = Literal["nonoverlapping", "sliding"]
@@ -257,291 +246,3 @@ def all_reduce_sums(*arrays: np.ndarray) -> list[np.ndarray]:
         dist.all_reduce(t)
         out.append(t.numpy())
     return out
-
-
-# ------------------------------------------------------------------------------------------------- runs and data
-
-
-@dataclass
-class RunInfo:
-    """One trained model to evaluate: its key (the run path as given), config, model and what the tables show."""
-
-    run: str
-    path: Path
-    cfg: Config
-    model: nn.Module
-    meta: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        return model_label(self.cfg.model)
-
-    @property
-    def seed(self) -> int:
-        return self.cfg.train.seed
-
-
-def load_run(run: str | Path, device: torch.device | str = "cpu") -> RunInfo:
-    """A run directory holding model.pt, or a model.pt path → RunInfo (model in eval mode on `device`)."""
-    path = Path(run)
-    model_path = path / "model.pt" if path.is_dir() else path
-    if not model_path.is_file():
-        where = f"run directory {path} has no model.pt" if path.is_dir() else f"{path} does not exist"
-        raise EvalError(f"{where}; train it with `python launch/pretrain.py --config FILE --run-dir {path}` first")
-    cfg, model, meta = load_model_file(model_path, map_location=device)
-    if cfg.model.head != "lm":
-        raise EvalError(f"{model_path}: head {cfg.model.head!r} is not a language model (perplexity needs head 'lm')")
-    return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta)
-
-
-def _find_key(obj: Any, key: str) -> Any:
-    """First value stored under `key` anywhere in nested dicts (depth-first), else None."""
-    if isinstance(obj, dict):
-        if isinstance(obj.get(key), str):
-            return obj[key]
-        for value in obj.values():
-            found = _find_key(value, key)
-            if found is not None:
-                return found
-    return None
-
-
-def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
-    """(sha256 of the tokenizer the run trained with, where it was found), if the run recorded it.
-
-    Looked up in model.pt's meta (``tokenizer_sha256``, or a data manifest's ``tokenizer.sha256``), then the
-    ``trainer_state.json`` of the checkpoint model.pt was exported from (its data fingerprint), then a
-    ``data_manifest.json`` next to model.pt, then the manifest of the run's ``data.path`` if that folder exists.
-    """
-    meta_sha = _find_key(info.meta, "tokenizer_sha256")
-    if meta_sha is None and isinstance(info.meta.get("data_manifest"), dict):
-        meta_sha = _find_key(info.meta["data_manifest"].get("tokenizer", {}), "sha256")
-    if meta_sha:
-        return meta_sha, f"{info.path} meta"
-    state = info.path.parent / str(info.meta.get("checkpoint", "")) / "trainer_state.json"
-    if info.meta.get("checkpoint") and state.is_file():
-        sha = _find_key(json.loads(state.read_text()), "tokenizer_sha256")
-        if sha:
-            return sha, str(state)
-    saved = info.path.parent / "data_manifest.json"
-    if saved.is_file():
-        sha = _find_key(json.loads(saved.read_text()).get("tokenizer", {}), "sha256")
-        if sha:
-            return sha, str(saved)
-    if info.cfg.data.path and (Path(info.cfg.data.path) / "manifest.json").is_file():
-        try:
-            return load_manifest(info.cfg.data.path)["tokenizer"]["sha256"], f"{info.cfg.data.path}/manifest.json"
-        except DataError:
-            return None
-    return None
-
-
-def open_eval_split(data_dir: str | Path, split: str) -> TokenSplit:
-    """Open the held-out split; EvalError (not a traceback) when the folder or split is missing or corrupt."""
-    try:
-        tokens = open_split(data_dir, split)
-        if not tokens.tokenizer_path.is_file():
-            raise EvalError(f"data folder {data_dir} has no tokenizer file {tokens.tokenizer_path.name} (listed in its "
-                            f"manifest.json); re-run data_prep/prepare.py for it")
-        return tokens
-    except DataError as err:
-        raise EvalError(str(err)) from None
-
-
-def check_compatible(info: RunInfo, split: TokenSplit) -> None:
-    """The run's vocabulary and tokenizer must be the data folder's; EvalError naming both otherwise."""
-    vocab = info.cfg.model.vocab_size
-    if vocab != split.vocab_size:
-        raise EvalError(f"{info.run}: model vocab_size {vocab} does not match data folder {split.data_dir} "
-                        f"(vocab_size {split.vocab_size}); evaluate on data tokenised with the run's tokenizer")
-    found = training_tokenizer_sha(info)
-    data_sha = split.manifest["tokenizer"]["sha256"]
-    if found is not None and found[0] != data_sha:
-        raise EvalError(f"{info.run}: trained with tokenizer sha256 {found[0][:12]}… ({found[1]}) but data folder "
-                        f"{split.data_dir} was tokenised with {data_sha[:12]}…; prepare the evaluation data with "
-                        f"`data_prep/prepare.py --tokenizer <the run's tokenizer.model>`")
-    try:
-        split.check_token_range(vocab)
-    except DataError as err:
-        raise EvalError(str(err)) from None
-
-
-# ------------------------------------------------------------------------------------------------ results file
-
-
-def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies a result: (run, dataset, split, length, protocol, stride, tokens)."""
-    return tuple(row.get(k) for k in ("run", "dataset", "split", "length", "protocol", "stride", "tokens"))
-
-
-class ResultsFile:
-    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; a partial last line left by
-    a crash is cut off when the file is opened, so the next append starts on a clean line."""
-
-    def __init__(self, path: str | Path, repair: bool = True) -> None:
-        self.path = Path(path)
-        self.rows: list[dict[str, Any]] = []
-        if not self.path.is_file():
-            return
-        data = self.path.read_bytes()
-        keep = data.rfind(b"\n") + 1  # bytes up to the last complete line
-        for line in data[:keep].splitlines():
-            if line.strip():
-                try:
-                    self.rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line torn by a crash in the middle of the file cannot happen; ignore if it does
-        if keep != len(data) and repair:
-            with open(self.path, "r+b") as f:
-                f.truncate(keep)
-                f.flush()
-                os.fsync(f.fileno())
-
-    def latest(self) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """The last row written for every key."""
-        return {row_key(r): r for r in self.rows}
-
-    def append(self, row: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "ab") as f:
-            f.write((json.dumps(row, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        self.rows.append(row)
-
-
-def is_done(row: dict[str, Any] | None, memory_gb: float) -> bool:
-    """A stored row counts as done unless it was skipped for memory under a smaller budget than now."""
-    if row is None:
-        return False
-    if row.get("skipped") and row.get("skipped_for") == "memory":
-        return float(row.get("memory_gb", 0.0)) >= memory_gb
-    return True
-
-
-def result_row(info: RunInfo, dataset: str, split: str, plan: WindowPlan, protocol: Protocol,
-               nll_sum: np.ndarray, counts: np.ndarray, seconds: float, **extra: Any) -> dict[str, Any]:
-    """A finished row: token-weighted mean NLL, ppl = exp(NLL), per-position octave buckets."""
-    tokens = int(counts.sum())
-    nll = float(nll_sum.sum() / tokens)
-    return {**_row_base(info, dataset, split, plan.length, protocol, plan.stride, tokens),
-            "windows": len(plan.starts), "nll": nll, "ppl": math.exp(nll),
-            "per_position": position_buckets(nll_sum, counts), "seconds": round(seconds, 3), **extra}
-
-
-def skipped_row(info: RunInfo, dataset: str, split: str, length: int, protocol: Protocol, stride: int, tokens: int,
-                reason: str, kind: str, **extra: Any) -> dict[str, Any]:
-    return {**_row_base(info, dataset, split, length, protocol, stride, tokens), "nll": None, "ppl": None,
-            "skipped": reason, "skipped_for": kind, "seconds": 0.0, **extra}
-
-
-def _row_base(info: RunInfo, dataset: str, split: str, length: int, protocol: Protocol, stride: int,
-              tokens: int) -> dict[str, Any]:
-    return {"run": info.run, "model": info.label, "seed": info.seed, "dataset": dataset, "split": split,
-            "length": length, "protocol": protocol, "stride": stride, "tokens": tokens,
-            "train_length": info.cfg.data.seq_len, "params": sum(p.numel() for p in info.model.parameters())}
-
-
-# ------------------------------------------------------------------------------------------------------- sweep
-
-
-def distributed_context() -> tuple[int, int]:
-    """(rank, world size). Under torchrun/deepspeed (WORLD_SIZE > 1 in the environment) joins a gloo group."""
-    import torch.distributed as dist
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and dist.is_available() and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths: Sequence[int], out_dir: str | Path,
-          protocol: Protocol = "nonoverlapping", stride: int = 0, tokens: int = 0, memory_gb: float = 4.0,
-          batch_size: int = 0, device: torch.device | str = "cpu", progress: bool = True) -> list[dict[str, Any]]:
-    """Evaluate every (run, length) not already in ``out_dir/results.jsonl``; returns this sweep's rows.
-
-    Every rank computes its share of the windows; rank 0 appends the reduced rows. Rows record the exact token
-    count, the stride, the batch size and the memory budget. A length that cannot run gets a ``skipped`` row.
-    """
-    from tqdm.auto import tqdm
-
-    if not lengths or any(length < 1 for length in lengths):
-        raise EvalError(f"--lengths must be integers >= 1, got {list(lengths)}")
-    if protocol == "sliding" and stride and stride > min(lengths):
-        raise EvalError(f"--stride {stride} exceeds the shortest length {min(lengths)}; a window cannot advance past "
-                        f"its own end (use a stride <= every length, or leave it out for L/2)")
-    rank, world = distributed_context()
-    data = open_eval_split(data_dir, split)
-    dataset = Path(data_dir).resolve().name
-    counts = plan_tokens(len(data), lengths, tokens, protocol)
-    for run in runs:  # fail on a bad run before spending time on the others
-        check_compatible(load_run(run), data)
-    results = ResultsFile(Path(out_dir) / "results.jsonl", repair=rank == 0)
-    done = results.latest()
-    _barrier()  # every rank has read the file before rank 0 appends to it
-    stride_of = {length: length if protocol == "nonoverlapping" else (stride or max(1, length // 2)) for length in lengths}
-    rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(runs) * len(lengths), desc="(run, length)", disable=rank != 0 or not progress)
-    for run in runs:
-        info: RunInfo | None = None
-        for length in lengths:
-            key = (str(run).rstrip("/"), dataset, split, length, protocol, stride_of[length], counts[length])
-            if is_done(done.get(key), memory_gb):
-                bar.update()
-                continue
-            info = info or load_run(run, device)
-            row = _evaluate_length(info, data, dataset, split, length, protocol, stride_of[length], counts[length],
-                                   memory_gb, batch_size, device, rank, world)
-            if rank == 0:
-                results.append(row)
-                bar.write(_describe(row))
-            rows.append(row)
-            bar.update()
-        del info
-    bar.close()
-    _barrier()
-    return rows
-
-
-def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, length: int, protocol: Protocol,
-                     stride: int, n: int, memory_gb: float, batch_size: int, device: torch.device | str, rank: int,
-                     world: int) -> dict[str, Any]:
-    cfg = info.cfg.model
-    common = {"memory_gb": memory_gb, "world_size": world}
-    if n == 0:
-        return skipped_row(info, dataset, split, length, protocol, stride, 0,
-                           f"the {split} split has {len(data)} tokens, fewer than one window of {length} + 1", "data",
-                           **common)
-    if cfg.position == "learned" and length > cfg.max_positions:
-        return skipped_row(info, dataset, split, length, protocol, stride, n,
-                           f"learned absolute positions end at max_positions={cfg.max_positions}", "positions", **common)
-    plan = plan_windows(n, length, protocol, stride)
-    per_rank = -(-len(plan.starts) // world)
-    fits = choose_batch_size(cfg, length, memory_gb, per_rank)
-    if fits == 0:
-        need = estimate_memory(cfg, length, 1) / _GIB
-        return skipped_row(info, dataset, split, length, protocol, stride, n,
-                           f"needs ~{need:.1f} GiB for one window (budget {memory_gb:g} GiB)", "memory", **common)
-    batch = min(batch_size, fits) if batch_size else fits
-    t0 = time.perf_counter()
-    nll_sum, counts = score_windows(info.model, data.tokens, plan.shard(rank, world), batch, device)
-    nll_sum, counts = all_reduce_sums(nll_sum, counts)
-    return result_row(info, dataset, split, plan, protocol, nll_sum, counts, time.perf_counter() - t0,
-                      batch_size=batch, **common)
-
-
-def _describe(row: dict[str, Any]) -> str:
-    head = f"{row['model']} seed {row['seed']} · {row['dataset']} L={row['length']}"
-    if row.get("skipped"):
-        return f"{head}: skipped ({row['skipped']})"
-    return (f"{head}: ppl {row['ppl']:.3f} over {row['tokens']} tokens in {row['windows']} windows "
-            f"({row['protocol']}, stride {row['stride']}, batch {row['batch_size']}, {row['seconds']:.1f} s)")
