@@ -186,6 +186,7 @@ def main() -> None:
                         help="skip causal SDPA above this T (its O(T²) time gets long on CPU) (default: %(default)s)")
     parser.add_argument("--flex-max-length", type=int, default=65536, help="skip FlexAttention above this T")
     parser.add_argument("--no-flex", action="store_true", help="leave out the FlexAttention columns")
+    parser.add_argument("--no-reference", action="store_true", help="leave out the dense reference")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement (default: 900)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_attention.md"))
     args = parser.parse_args()
@@ -203,7 +204,9 @@ def main() -> None:
             row: dict = {"H": h, "T": t, "qkvo_mib": 4 * h * t * dh * (2 if args.dtype == "bf16" else 4) / 2**20}
             for c in chunks:
                 row[f"kernel_c{c}"] = measure("kernel", t, h, dh, c, args)
-            if t > args.reference_max_length:
+            if args.no_reference:
+                row["reference"] = {"skipped": "not run"}
+            elif t > args.reference_max_length:
                 row["reference"] = {"skipped": f"T > {args.reference_max_length}"}
             elif dense_reference_gib(t, h) <= args.reference_max_gib:
                 row["reference"] = measure("reference", t, h, dh, c0, args)

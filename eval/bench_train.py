@@ -4,10 +4,11 @@ Each config runs in a fresh subprocess: build the model from the config, then `-
 (forward, backward, AdamW) on random tokens of the config's training length, after `--warmup` untimed steps. MFU =
 flops_per_token(T) × tokens/s ÷ peak, with the peak FLOP/s measured once at the start (best of 5 × 5 square
 matmuls in the same dtype and threads, `bench_attention.matmul_peak_gflops`).
-RegularGPT (K·ceil(log_C T) layer applications) is compared with baselines of the same number of layer applications.
+RegularGPT (K·ceil(log_C T) layer applications) is compared with every dense baseline (`--baselines`) built from the
+same config with as many layers as RegularGPT has layer applications.
 
     python eval/bench_train.py --out results/bench_train.md
-    python eval/bench_train.py --configs configs/tiny/regular_gpt.json,configs/tiny/alibi.json --steps 5
+    python eval/bench_train.py --configs configs/tiny/regular_gpt.json --baselines alibi,rope --steps 5
 """
 
 from __future__ import annotations
@@ -75,14 +76,16 @@ _WORKER = textwrap.dedent(
     """
 )
 
-TINY = ",".join(f"configs/tiny/{n}.json" for n in
-                ("regular_gpt", "alibi", "t5", "kerple_log", "kerple_power", "rope", "nope", "sinusoidal"))
+BASELINES = ("alibi", "t5", "kerple_log", "kerple_power", "rope", "none", "sinusoidal")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default=TINY + ",configs/base.json,configs/baselines/alibi.json",
-                        help="comma-separated config files (default: every tiny config, then base + ALiBi)")
+    parser.add_argument("--configs", default="configs/tiny/regular_gpt.json,configs/base.json",
+                        help="comma-separated config files (default: %(default)s)")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help="positions of the dense baselines run beside every RegularGPT config, with as many "
+                             "layers as its layer applications; '' for none (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per config (default: 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step for tiny configs (default: 8)")
@@ -115,14 +118,16 @@ def main() -> None:
 
     for path in args.configs.split(","):
         row = run(path, [])
-        if row and row["model"] == "regular_gpt":  # the ALiBi model with the same number of layer applications
-            run(path, ["model.architecture=transformer", "model.position=alibi",
-                       f"model.n_layers={row['layer_applications']}"])
+        if row and row["model"] == "regular_gpt":  # each baseline with the same number of layer applications
+            for position in filter(None, args.baselines.split(",")):
+                run(path, ["model.architecture=transformer", f"model.position={position}",
+                           f"model.n_layers={row['layer_applications']}"])
 
-    def ratio_to(row: dict, baseline: str) -> str:
-        ref = next((r for r in rows if r["model"] == baseline and r["T"] == row["T"]
+    def regular_gpt_over(row: dict) -> str:
+        """RegularGPT's tokens/s over this row's, at the same T and number of layer applications."""
+        ref = next((r for r in rows if r["model"] == "regular_gpt" and r["T"] == row["T"]
                     and r["layer_applications"] == row["layer_applications"]), None)
-        return f"{row['tokens_per_s'] / ref['tokens_per_s']:.2f}" if ref else "-"
+        return f"{ref['tokens_per_s'] / row['tokens_per_s']:.2f}" if ref else "-"
 
     lines = [
         f"# Training throughput ({args.dtype} autocast, AdamW, plain torch step)",
@@ -132,16 +137,18 @@ def main() -> None:
         f"Machine: {machine()}, torch threads {args.threads}, device {args.device}  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
         f"{args.steps} timed steps after {args.warmup} warm-up steps, random tokens. MFU against the measured "
-        f"{args.dtype} matmul peak, **{peak:.0f} GFLOP/s**. Peak memory: RSS (VmHWM) on CPU, allocated on CUDA. 'vs ALiBi' = tokens/s ratio to the ALiBi model with the same T and "
-        "number of layer applications.",
+        f"{args.dtype} matmul peak, **{peak:.0f} GFLOP/s**. Peak memory: RSS (VmHWM) on CPU, allocated on CUDA. "
+        "'RegularGPT / this' = RegularGPT's tokens/s over this model's, at the same T and number of layer applications "
+        "(the baselines get `--set model.n_layers=` RegularGPT's K·ceil(log_C T)).",
         "",
-        "| config | model | T | batch | layer applications | params | step (s) | tokens/s | MFU | peak memory (MiB) | vs ALiBi |",
+        "| config | model | T | batch | layer applications | params | step (s) | tokens/s | MFU | peak memory (MiB) | RegularGPT / this |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['config']} | {r['model']} | {r['T']} | {r['batch']} | {r['layer_applications']} | "
-                     f"{r['params'] / 1e6:.2f}M | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['flops_per_token'] * r['tokens_per_s'] / (peak * 1e9):.1%} | "
-                     f"{r['peak_memory_mib']:.0f} | {ratio_to(r, 'transformer/alibi')} |")
+                     f"{r['params'] / 1e6:.2f}M | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['flops_per_token'] * r['tokens_per_s'] / (peak * 1e9):.1%} | "
+                     f"{r['peak_memory_mib']:.0f} | {regular_gpt_over(r)} |")
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 

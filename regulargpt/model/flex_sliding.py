@@ -110,7 +110,8 @@ def _compiled_flex() -> Callable:
     import torch._dynamo.config as dynamo_config
     from torch.nn.attention.flex_attention import flex_attention
 
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _RECOMPILE_LIMIT)
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # older torch
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))
     return torch.compile(flex_attention, dynamic=False)
 
 

@@ -12,7 +12,7 @@ Worked example (C=2, D=2, T=5): position 4 sees keys 4 and 2; position 1 sees ke
 
 Kernel. Fold the dilation away: pad T to a multiple of D at the end and view the sequence as D interleaved
 subsequences of length N = ceil(T/D) (subsequence s holds positions s, s+D, s+2D, ...). In the folded sequence the
-rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. Two exact band algorithms:
+rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. Three exact band algorithms:
 
 * ``shift``: for each offset j, score = sum(q * k_shifted_j); softmax over the C scores; out = sum_j p_j v_shifted_j.
   Shifted keys are slices of one left-padded tensor (views, no copies). Memory O(T·C + T·Dh). Best for small C.
@@ -23,7 +23,8 @@ rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. T
 
 `auto` picks per call by (C, T, dtype, device): `choose_algorithm`.
 
-Neither ever allocates a T×T tensor. Autograd reaches q, k, v, rel_bias and the pads through plain torch ops.
+None ever allocates a T×T tensor. Gradients reach q, k, v, rel_bias and the pads (shift: a hand-written backward;
+blocked: plain torch ops; flex: FlexAttention's backward, CUDA only).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
 
     CPU rule, from `python eval/bench_dispatch.py` (results/bench_dispatch.md: forward + backward at every depth step
     of T in {512, 4096, 16384}, C in {2, 3, 4, 8, 16, 32}, fp32 and bf16). The shift loop makes ~C passes over
-    (T, Dh) tensors; the blocked matmuls do 2× the score work but on the matrix units, where bf16 is ~4× faster than
+    (T, Dh) tensors; the blocked matmuls do 2× the score work but on the matrix units, where bf16 is ~2.7× faster than
     fp32 here, and their advantage grows with T. Shift runs up to this C, blocked above:
 
     ============  ==========  =========
