@@ -1,11 +1,13 @@
 """The FlexAttention formulation (CUDA path) against the dense reference; its block mask against the band rule."""
 
 import itertools
+import warnings
 
 import pytest
 import torch
 
-from regulargpt.model import reference_sliding_dilated_attention, sliding_dilated_attention
+from regulargpt.config import ModelConfig
+from regulargpt.model import build_model, reference_sliding_dilated_attention, sliding_dilated_attention
 from regulargpt.model.flex_sliding import band_block_mask, flex_sliding_dilated_attention
 from regulargpt.model.sliding_dilated import choose_algorithm
 
@@ -63,6 +65,51 @@ def test_compiled_flex_on_cpu_matches_reference_for_two_geometries():
             out = sliding_dilated_attention(q, k, v, r, dilation, pk, pv, algorithm="flex")
             ref = reference_sliding_dilated_attention(q, k, v, r, dilation, pk, pv)
             assert (out - ref).abs().max() < 1e-5, (c, dilation, t)
+
+
+@pytest.mark.parametrize("pad", ["learned", "mask"])
+def test_regular_gpt_through_flex_matches_the_cpu_kernels(monkeypatch, pad):
+    """The model's own calls (pads from the pad state, every depth step's dilation) through the flex formulation."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def eager_flex(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+            return flex_attention(*args, **kwargs)
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(architecture="regular_gpt", vocab_size=17, d_model=32, n_heads=4, chunk_size=3, thickness=2,
+                      pad=pad)
+    model = build_model(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "rel_bias" in name:
+                p.normal_()
+        tokens = torch.randint(0, 17, (2, 20))  # ceil(log_3 20) = 3 depth steps: dilations 1, 3, 9
+        want = model(tokens)
+        monkeypatch.setattr("regulargpt.model.sliding_dilated.choose_algorithm", lambda *args: "flex")
+        monkeypatch.setattr("regulargpt.model.flex_sliding._compiled_flex", lambda: eager_flex)
+        got = model(tokens)
+    assert torch.allclose(got, want, atol=1e-10, rtol=0)
+
+
+def test_auto_falls_back_to_the_cpu_algorithms_when_flex_fails(monkeypatch):
+    """A failing automatic flex call (here: CPU gradients, which flex refuses) warns once and still returns the exact
+    result; `auto` then stops choosing flex. Asked for by name, flex's error reaches the caller instead."""
+    from regulargpt.model import flex_sliding
+
+    monkeypatch.setattr(flex_sliding, "_disabled", None)
+    monkeypatch.setattr("regulargpt.model.sliding_dilated.choose_algorithm", lambda *args: "flex")
+    q, k, v, r, (pk, pv) = _inputs(20, 3, True, torch.float64, grad=True)
+    with pytest.warns(RuntimeWarning, match="FlexAttention failed.*falls back"):
+        out = sliding_dilated_attention(q, k, v, r, 3, pk, pv)
+    assert torch.allclose(out, reference_sliding_dilated_attention(q, k, v, r, 3, pk, pv), atol=1e-10, rtol=0)
+    assert not flex_sliding.flex_available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        sliding_dilated_attention(q, k, v, r, 3, pk, pv)
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        sliding_dilated_attention(q, k, v, r, 3, pk, pv, algorithm="flex")
 
 
 def test_flex_on_cpu_refuses_gradients_with_a_clear_error():

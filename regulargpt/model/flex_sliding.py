@@ -32,13 +32,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["flex_available", "flex_sliding_dilated_attention", "band_block_mask"]
+__all__ = ["band_block_mask", "disable_flex", "flex_available", "flex_sliding_dilated_attention"]
 
 _BLOCK = 128  # FlexAttention's default tile, for query and key blocks alike
+_disabled: str | None = None  # why `auto` stopped using flex in this process, if it did
+
+
+def disable_flex(error: BaseException) -> None:
+    """Stop `algorithm="auto"` from choosing flex for the rest of the process, with one warning naming `error`."""
+    global _disabled
+    if _disabled is None:
+        _disabled = f"{type(error).__name__}: {error}"
+        warnings.warn(f"FlexAttention failed ({_disabled[:300]}); sliding_dilated_attention falls back to the CPU "
+                      "algorithms (shift/blocked) for the rest of this process", RuntimeWarning, stacklevel=3)
 
 
 def flex_available() -> bool:
-    """True when torch has FlexAttention and a Triton to compile it for CUDA."""
+    """True when torch has FlexAttention and a Triton to compile it for CUDA, and it has not failed here before."""
+    if _disabled is not None:
+        return False
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
         from torch.utils._triton import has_triton

@@ -46,8 +46,8 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
 
     CPU rule, from `python eval/bench_dispatch.py` (results/bench_dispatch.md: forward + backward at every depth step
     of T in {512, 4096, 16384}, C in {2, 3, 4, 8, 16, 32}, fp32 and bf16). The shift loop makes ~C passes over
-    (T, Dh) tensors; the blocked matmuls do 2× the score work but on the matrix units, where bf16 is ~2.7× faster than
-    fp32 here, and their advantage grows with T. Shift runs up to this C, blocked above:
+    (T, Dh) tensors; the blocked matmuls do 2× the score work but on the matrix units, where bf16 is several times
+    faster than fp32 here, and their advantage grows with T. Shift runs up to this C, blocked above:
 
     ============  ==========  =========
     dtype         T <= 4096   T > 4096
@@ -64,13 +64,19 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
     the rule's total time is within 5 % of always taking the faster of the two.
 
     FlexAttention has no CPU backward (torch 2.13) and its CPU forward needs a compile per shape, so CPU calls
-    always use one of the two exact CPU algorithms.
+    always use one of the two exact CPU algorithms. On CUDA, if the automatically chosen flex call fails (a compile
+    or launch error, not out-of-memory), `sliding_dilated_attention` warns once and uses this CPU rule from then on.
     """
     if device.type == "cuda":
         from regulargpt.model.flex_sliding import flex_available
 
         if flex_available():
             return "flex"
+    return _cpu_algorithm(chunk_size, dilation, length, dtype)
+
+
+def _cpu_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype) -> str:
+    """The measured shift/blocked rule of `choose_algorithm` (also the CUDA fallback when flex fails)."""
     if -(-length // dilation) <= 4:
         return "shift"
     two_byte = dtype.itemsize <= 2
@@ -266,17 +272,24 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
         q, k, v = (x.to(low) for x in (q, k, v))
         pad_k, pad_v = (None if x is None else x.to(low) for x in (pad_k, pad_v))
     t, c = q.shape[2], rel_bias.shape[1]
-    if algorithm == "auto":
-        algorithm = choose_algorithm(c, dilation, t, q.dtype, q.device)
-    if algorithm == "flex":
-        from regulargpt.model.flex_sliding import flex_sliding_dilated_attention
+    chosen = choose_algorithm(c, dilation, t, q.dtype, q.device) if algorithm == "auto" else algorithm
+    if chosen == "flex":
+        from regulargpt.model import flex_sliding
 
-        return flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
-    if algorithm not in _BANDS:
+        if algorithm == "flex":  # asked for by name: its errors are the caller's
+            return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
+        try:
+            return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001  a compile or launch failure of the automatic choice
+            flex_sliding.disable_flex(error)  # warns once; `auto` uses the CPU algorithms from now on
+            chosen = _cpu_algorithm(c, dilation, t, q.dtype)
+    if chosen not in _BANDS:
         raise ValueError(f"algorithm must be one of auto, shift, blocked, flex; got {algorithm!r}")
     with torch.autocast(device, enabled=False):
         qf, kf, vf = (_fold(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
-        return _unfold(_BANDS[algorithm](qf, kf, vf, rel_bias, pad_k, pad_v), t)
+        return _unfold(_BANDS[chosen](qf, kf, vf, rel_bias, pad_k, pad_v), t)
 
 
 _BANDS = {"shift": _band_shift, "blocked": _band_blocked}
