@@ -54,18 +54,25 @@ _WORKER = textwrap.dedent(
     q, k, v = (make(1, h, t, dh) for _ in range(3))
     r = torch.randn(h, c, device=device, requires_grad=backward)
     pk, pv = make(1, h, dh), make(1, h, dh)
+    causal_flex_state = {}  # the compiled function and one causal BlockMask per length, built outside the timing
+    def causal_flex(qs, ks, vs, n):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        if not causal_flex_state:
+            causal_flex_state["fn"] = torch.compile(flex_attention)
+        if n not in causal_flex_state:
+            causal_flex_state[n] = create_block_mask(lambda b, h, i, j: i >= j, None, None, n, n, device=device,
+                                                     _compile=True)
+        return causal_flex_state["fn"](qs, ks, vs, block_mask=causal_flex_state[n])
     def attend(n, hs):
         qs, ks, vs, ps, pw = q[:, hs, :n], k[:, hs, :n], v[:, hs, :n], pk[:, hs], pv[:, hs]
         if method in ("kernel", "kernel_fwd"):
             return sliding_dilated_attention(qs, ks, vs, r[hs], c, ps, pw, algorithm=algorithm)
-        if method in ("flex", "flex_fwd"):
+        if method == "flex":
             return sliding_dilated_attention(qs, ks, vs, r[hs], c, ps, pw, algorithm="flex")
         if method == "reference":
             return reference_sliding_dilated_attention(qs, ks, vs, r[hs], c, ps, pw)
         if method == "flex_causal":
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            causal = create_block_mask(lambda b, h, i, j: i >= j, None, None, n, n, device=device, _compile=True)
-            return torch.compile(flex_attention)(qs, ks, vs, block_mask=causal)
+            return causal_flex(qs, ks, vs, n)
         return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
     def run(n):
         for first in range(0, h, heads_per_call):

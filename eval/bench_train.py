@@ -2,8 +2,9 @@
 
 Each config runs in a fresh subprocess: build the model from the config, then `--steps` timed optimizer steps
 (forward, backward, AdamW) on random tokens of the config's training length, after `--warmup` untimed steps. MFU =
-flops_per_token(T) × tokens/s ÷ peak, with the peak FLOP/s measured once at the start (the best of square matmuls
-over 3 s in the same dtype and threads, `bench_attention.matmul_peak_gflops`).
+flops_per_token(T) × tokens/s ÷ peak, with the peak FLOP/s the higher of two readings, before and after the runs
+(the best of square matmuls over 3 s in the same dtype and threads, `bench_attention.matmul_peak_gflops`). Every
+model is measured in `--rounds` passes over the whole list and keeps its fastest.
 RegularGPT (K·ceil(log_C T) layer applications) is compared with every dense baseline (`--baselines`) built from the
 same config with as many layers as RegularGPT has layer applications.
 

@@ -29,8 +29,9 @@ import warnings
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from regulargpt.model.sliding_dilated import fold_dilation, unfold_dilation
 
 __all__ = ["band_block_mask", "disable_flex", "flex_available", "flex_sliding_dilated_attention"]
 
@@ -59,7 +60,7 @@ def flex_available() -> bool:
     return bool(has_triton())
 
 
-def _band_geometry(n: int, d: int, c: int, pads: bool) -> tuple[int, int]:
+def _band_geometry(n: int, c: int, pads: bool) -> tuple[int, int]:
     """(o, M): pad rows per subsequence and keys per subsequence."""
     o = c - 1 if pads else 0
     return o, n + o
@@ -90,7 +91,7 @@ def band_block_mask(n: int, d: int, c: int, pads: bool, device: str):  # -> Bloc
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    o, m = _band_geometry(n, d, c, pads)
+    o, m = _band_geometry(n, c, pads)
     q_len, kv_len = d * n, d * m
     q_blocks, kv_blocks = -(-q_len // _BLOCK), -(-kv_len // _BLOCK)
     first = torch.arange(q_blocks, device=device) * _BLOCK
@@ -140,20 +141,16 @@ def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Te
     """
     from torch.nn.attention.flex_attention import flex_attention
 
-    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, rel_bias))
+    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                                 for x in (q, k, v, rel_bias, pad_k, pad_v))
     if q.device.type == "cpu" and needs_grad:
         raise ValueError("algorithm='flex': FlexAttention has no backward on CPU in torch "
                          f"{torch.__version__}; use algorithm='shift' or 'blocked' (or 'auto') for CPU training")
     b, h, t, dh = q.shape
     c = rel_bias.shape[1]
     n = -(-t // dilation)
-    o, m = _band_geometry(n, dilation, c, pad_k is not None)
-
-    def fold(x: Tensor) -> Tensor:  # (B, H, T, Dh) -> (B, H, D, N, Dh)
-        x = F.pad(x, (0, 0, 0, n * dilation - t))
-        return x.view(b, h, n, dilation, dh).transpose(2, 3)
-
-    qf, kf, vf = fold(q), fold(k), fold(v)
+    o, m = _band_geometry(n, c, pad_k is not None)
+    qf, kf, vf = (fold_dilation(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
     if pad_k is not None:
         kf = torch.cat([pad_k[:, :, None, None, :].expand(b, h, dilation, o, dh), kf], dim=3)  # (B, H, D, M, Dh)
         vf = torch.cat([pad_v[:, :, None, None, :].expand(b, h, dilation, o, dh), vf], dim=3)
@@ -167,5 +164,4 @@ def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Te
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
             out = flex_attention(*args, score_mod=score_mod, block_mask=block_mask)
-    out = out.view(b, h, dilation, n, dh).transpose(2, 3).reshape(b, h, n * dilation, dh)  # (B, H, N·D, Dh)
-    return out[:, :, :t]
+    return unfold_dilation(out.view(b, h, dilation, n, dh), t)  # (B, H, D·N, Dh) -> (B, H, T, Dh)

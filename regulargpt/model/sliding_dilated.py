@@ -120,7 +120,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: i
         raise ValueError(f"pad_k/pad_v must be (B, H, Dh) = {(q.shape[0], q.shape[1], q.shape[3])}; got {tuple(pad_k.shape)}")
 
 
-def _fold(x: Tensor, dilation: int) -> Tensor:
+def fold_dilation(x: Tensor, dilation: int) -> Tensor:
     """(B, H, T, Dh) -> (B, H, D, N, Dh): D interleaved subsequences, T padded at the end to N*D."""
     b, h, t, dh = x.shape
     n = -(-t // dilation)
@@ -129,7 +129,7 @@ def _fold(x: Tensor, dilation: int) -> Tensor:
     return x.view(b, h, n, dilation, dh).transpose(2, 3)  # (B, H, D, N, Dh)
 
 
-def _unfold(x: Tensor, length: int) -> Tensor:
+def unfold_dilation(x: Tensor, length: int) -> Tensor:
     """(B, H, D, N, Dh) -> (B, H, T, Dh), dropping the end padding."""
     b, h, d, n, dh = x.shape
     return x.transpose(2, 3).reshape(b, h, n * d, dh)[:, :, :length]
@@ -288,8 +288,8 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
     if chosen not in _BANDS:
         raise ValueError(f"algorithm must be one of auto, shift, blocked, flex; got {algorithm!r}")
     with torch.autocast(device, enabled=False):
-        qf, kf, vf = (_fold(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
-        return _unfold(_BANDS[chosen](qf, kf, vf, rel_bias, pad_k, pad_v), t)
+        qf, kf, vf = (fold_dilation(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
+        return unfold_dilation(_BANDS[chosen](qf, kf, vf, rel_bias, pad_k, pad_v), t)
 
 
 _BANDS = {"shift": _band_shift, "blocked": _band_blocked}
