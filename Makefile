@@ -26,8 +26,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) eval/lm_comparison.py --demo
 
+# Every CPU benchmark behind docs/PERFORMANCE.md, one after another (about an hour on 2 cores).
 bench: $(STAMP)
+	$(PY) eval/bench_dispatch.py --out results/bench_dispatch.md
 	$(PY) eval/bench_attention.py --out results/bench_attention.md
+	$(PY) eval/bench_attention.py --dtype bf16 --heads 8 --no-reference --no-flex --out results/bench_attention_bf16.md
+	$(PY) eval/bench_train.py --out results/bench_train.md
+	$(PY) eval/bench_tree.py --config configs/formal/parity_check.json --out results/bench_tree.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
