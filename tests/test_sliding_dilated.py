@@ -1,16 +1,19 @@
-"""The O(T·C) kernel against the dense T×T reference (forward and every gradient), and adaptive depth."""
+"""The O(T·C) kernel against the dense T×T reference (every output and gradient), adaptive depth, the `auto` rule."""
 
 import itertools
+import json
 import math
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from regulargpt.model import adaptive_depth, reference_sliding_dilated_attention, sliding_dilated_attention
+from regulargpt.model.sliding_dilated import choose_algorithm
 
 CHUNKS = [2, 3, 4, 8, 32]
 
@@ -145,3 +148,31 @@ def test_autocast_runs_the_kernel_in_bf16_and_stays_close_to_fp32(algorithm):
     assert (out.float() - ref).abs().max() < 5e-2
     out.float().sum().backward()
     assert q.grad.dtype == torch.float32 and r.grad is not None and pk.grad is not None
+
+
+def test_cpu_rule_picks_the_documented_algorithm():
+    """The table in choose_algorithm's docstring, point by point."""
+    cpu, f32, b16 = torch.device("cpu"), torch.float32, torch.bfloat16
+    cases = [  # (C, dilation, T, dtype) -> algorithm
+        ((2, 1, 16384, f32), "shift"), ((4, 1, 16384, f32), "shift"), ((8, 1, 4096, f32), "shift"),
+        ((8, 1, 8192, f32), "blocked"), ((16, 1, 512, f32), "blocked"),
+        ((3, 1, 16384, b16), "shift"), ((4, 1, 4096, b16), "shift"), ((4, 1, 16384, b16), "blocked"),
+        ((8, 1, 512, b16), "blocked"), ((32, 4096, 16384, b16), "shift"),  # N = 4: shift whatever C
+        ((32, 1024, 16384, f32), "blocked"),  # N = 16
+    ]
+    for (c, d, t, dtype), want in cases:
+        assert choose_algorithm(c, d, t, dtype, cpu) == want, (c, d, t, dtype)
+
+
+def test_cpu_rule_is_close_to_the_best_on_the_committed_measurements():
+    """Against results/bench_dispatch.jsonl (212 measured points): the rule's total time stays within 10 % of always
+    picking the faster algorithm, in each dtype."""
+    rows = [json.loads(line) for line in
+            (Path(__file__).resolve().parents[1] / "results" / "bench_dispatch.jsonl").read_text().splitlines()]
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for name, dtype in dtypes.items():
+        mine = [r for r in rows if r["dtype"] == name]
+        assert len(mine) > 50
+        chosen = sum(r[choose_algorithm(r["C"], r["D"], r["T"], dtype, torch.device("cpu"))] for r in mine)
+        best = sum(min(r["shift"], r["blocked"]) for r in mine)
+        assert chosen <= 1.10 * best, (name, chosen / best)
