@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The prepared run for a lent GPU (docs/PERFORMANCE.md, "GPU"): correctness of the FlexAttention path against the
 # dense reference (forward and gradients), kernel speed against causal FlexAttention and SDPA at T = 4k ... 128k, and
-# base-config training tokens/s in bf16. About 8 minutes on one H200. Writes everything under $OUT (default
-# results/gpu); each step has its own time limit, so one failure still leaves the others' files.
+# base-config training tokens/s in bf16. Its steps are capped at 240 + 330 + 150 s (one 10-minute device call).
+# Writes everything under $OUT (default results/gpu); one step failing still leaves the others' files.
 #
 #   bash eval/gpu_check.sh                      # through the device tool: run(command="bash eval/gpu_check.sh")
 set -uo pipefail

@@ -50,8 +50,12 @@ def disable_flex(error: BaseException) -> None:
 
 def flex_available() -> bool:
     """True when torch has FlexAttention and a Triton to compile it for CUDA, and it has not failed here before."""
-    if _disabled is not None:
-        return False
+    return _disabled is None and _flex_importable()
+
+
+@functools.lru_cache(maxsize=1)
+def _flex_importable() -> bool:
+    """Checked once per process: `auto` asks on every attention call."""
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
         from torch.utils._triton import has_triton
