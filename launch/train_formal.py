@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import ConfigError, load_config  # noqa: E402
-from regulargpt.train.formal import formal_task, train_formal  # noqa: E402
+from regulargpt.train.formal import SolveCheck, formal_task, train_formal  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,17 +31,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a config field, e.g. --set model.chunk_size=3 (repeatable)")
     parser.add_argument("--run-dir", required=True, help="run directory; an existing run in it is resumed")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default), e.g. 1")
+    parser.add_argument("--time-to-solve", type=int, nargs="?", const=100, default=0, metavar="EVERY",
+                        help="every EVERY steps (default 100) log the held-out score on lengths 41, 92, …, 500 (64 "
+                             "strings each) to DIR/time_to_solve.jsonl; training is unchanged. e.g. --time-to-solve")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.threads < 0:
         parser.error(f"--threads {args.threads}: expected >= 0")
+    if args.time_to_solve < 0:
+        parser.error(f"--time-to-solve {args.time_to_solve}: expected >= 1 steps")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.set)
     try:
         formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
-    path = train_formal(cfg, args.run_dir)
+    check = SolveCheck(every=args.time_to_solve) if args.time_to_solve else None
+    path = train_formal(cfg, args.run_dir, solve_check=check)
     print(f"model: {path}")
     return 0
 

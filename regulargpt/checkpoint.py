@@ -42,8 +42,12 @@ def save_model_file(path: str | Path, cfg: Config, model: nn.Module, meta: dict[
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Config, nn.Module, dict[str, Any]]:
-    """Load a model file → (config, model in eval mode, meta). Clear errors for missing/corrupt/mismatched files."""
+def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",
+                    model_overrides: dict[str, Any] | None = None) -> tuple[Config, nn.Module, dict[str, Any]]:
+    """Load a model file → (config, model in eval mode, meta). Clear errors for missing/corrupt/mismatched files.
+
+    `model_overrides` replaces inference-time model fields that change no weight, e.g. ``{"depth_policy": "train"}``
+    (the returned config carries them)."""
     from regulargpt.model import build_model
 
     path = Path(path)
@@ -57,7 +61,10 @@ def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: not a regulargpt model file (expected format {_FORMAT!r})")
     if payload.get("version") != _VERSION:
         raise CheckpointError(f"{path}: model file version {payload.get('version')!r}; this code reads {_VERSION}")
-    cfg = load_config_dict(payload.get("config"), source=f"{path}[config]")
+    raw = payload.get("config")
+    if model_overrides and isinstance(raw, dict):
+        raw = {**raw, "model": {**raw.get("model", {}), **model_overrides}}
+    cfg = load_config_dict(raw, source=f"{path}[config]")
     model = build_model(cfg.model)
     state = payload.get("state_dict")
     if not isinstance(state, dict):

@@ -88,6 +88,15 @@ class ModelConfig:
     embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model) (the authors' formal-language models)
     tie_embeddings: bool = False
     init_std: float = 0.02
+    # Initialisation scheme of linear layers: "normal" = N(0, init_std) (GPT-2/NeoX); "fan_in" = Haiku's default, a
+    # normal truncated at ±2σ with σ = 1/sqrt(fan_in) (the authors' formal-language code).
+    init: Literal["normal", "fan_in"] = "normal"
+    embedding_init_std: float = 0.0  # token embeddings N(0, σ) (before embedding_scale); 0 = init_std
+    # RegularGPT (see docs/EVALUATION.md "The knobs"):
+    depth_policy: Literal["adaptive", "train", "per_position"] = "adaptive"  # depth steps at inference length T
+    train_length: int = 0  # the training length T_train behind depth_policy="train"; 0 = data.seq_len
+    rel_bias_init: Literal["normal", "zeros", "recency"] = "normal"  # window scalars r: N(0, 0.02), 0, −s_h·j
+    depth_scaled_init: bool = False  # output projections (attention, FFN) at init std / sqrt(2 · layer applications)
     attention_memory_mb: int = 256  # dense baselines: query-chunk size is chosen so one score block stays under this
 
     def validate(self) -> None:
@@ -116,6 +125,13 @@ class ModelConfig:
             _fail("rope_base", self.rope_base, "a number > 1")
         if self.init_std <= 0:
             _fail("init_std", self.init_std, "a number > 0")
+        if self.embedding_init_std < 0:
+            _fail("embedding_init_std", self.embedding_init_std, "a number >= 0 (0 = init_std)")
+        if self.train_length < 0:
+            _fail("train_length", self.train_length, "an integer >= 0 (0 = data.seq_len)")
+        if self.depth_policy != "adaptive" and (self.architecture != "regular_gpt" or self.head != "lm"):
+            _fail("depth_policy", self.depth_policy,
+                  "'adaptive' unless architecture is 'regular_gpt' with head 'lm' (tree mode reads one position)")
 
     @property
     def head_dim(self) -> int:
@@ -188,11 +204,12 @@ class TrainConfig:
 class EvalConfig:
     """Evaluation lengths and protocol (language modelling) or range evaluation (formal languages)."""
 
+    # Language models: eval/extrapolate.py reads these from the run's saved config; its flags override them.
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
     protocol: Literal["nonoverlapping", "sliding"] = "nonoverlapping"
-    stride: int = 0  # sliding protocol: 0 means the window length
+    stride: int = 0  # sliding protocol: 0 means half the window length (L/2)
     tokens: int = 0  # tokens scored per length; 0 = as many as the split holds at the longest length
-    memory_gb: float = 4.0  # batch size is chosen to stay under this
+    memory_gb: float = 4.0  # evaluation batch size is chosen to stay under this
     max_length: int = 500  # formal: evaluate every length 1..max_length
     samples_per_length: int = 512
     score_min_length: int = 41  # formal: the score averages lengths score_min_length..max_length
@@ -332,6 +349,10 @@ def load_config_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
         deepspeed = raw.get("deepspeed", {})
         if not isinstance(deepspeed, dict):
             raise ConfigError(f"deepspeed: expected a JSON object, got {deepspeed!r}")
+        model = sections["model"]
+        if model.train_length == 0 and model.architecture == "regular_gpt" and model.head == "lm":
+            # resolved here, so a saved RegularGPT LM carries the training length its `train` depth policy needs
+            sections["model"].train_length = sections["data"].seq_len
         cfg = Config(**sections, deepspeed=dict(deepspeed))
         cfg.validate()
     except ConfigError as err:

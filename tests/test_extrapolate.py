@@ -228,3 +228,87 @@ def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> N
         assert "| ALiBi |" in table and "| RegularGPT C2 K1 |" in table and "16 (1×)" in table
         for name in ("ppl_vs_length.png", "loss_vs_position.png"):
             assert (tmp_path / out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------------------------------ variants and eval section
+
+
+def _run_cfg(folder: Path, data: Path, seed: int = 0, steps: int = 1000, meta_step: int | None = None,
+             eval_section: dict | None = None, **model: object) -> str:
+    """A saved untrained run whose config differs from the default by `model`, `steps` and `eval_section`."""
+    from regulargpt.config import EvalConfig
+
+    fields: dict[str, object] = {"vocab_size": VOCAB, "d_model": 16, "n_heads": 2, "n_layers": 2, "ffn_mult": 2,
+                                 "chunk_size": 2, "thickness": 1, "architecture": "regular_gpt"}
+    fields.update(model)
+    cfg = Config(model=ModelConfig(**fields, train_length=TRAIN_LEN), data=DataConfig(path=str(data), seq_len=TRAIN_LEN),
+                 train=TrainConfig(seed=seed, steps=steps), eval=EvalConfig(**(eval_section or {})))
+    torch.manual_seed(seed)
+    save_model_file(folder / "model.pt", cfg, build_model(cfg.model), {"step": steps if meta_step is None else meta_step})
+    return str(folder)
+
+
+def test_runs_sharing_a_label_are_separate_rows_keyed_by_variant(data: Path, tmp_path: Path) -> None:
+    """Three different checkpoints with one model label (a 200-step run, its 160-step checkpoint, a 120-step run)
+    and a second seed of the first: three table rows, seeds counted per variant, labels say what differs."""
+    from regulargpt.evaluation.lm_report import aggregate
+
+    runs = [_run_cfg(tmp_path / "a-s0", data, seed=0, steps=200),
+            _run_cfg(tmp_path / "a-s1", data, seed=1, steps=200),
+            _run_cfg(tmp_path / "a-s0-ckpt160", data, seed=0, steps=200, meta_step=160),
+            _run_cfg(tmp_path / "b-s0", data, seed=0, steps=120)]
+    out = tmp_path / "out"
+    sweep(runs, data, "test", [16, 32], out, progress=False)
+    sweep(runs[:1], data, "test", [16, 32], out, progress=False, depth_policy="train")
+    (group,) = aggregate(load_rows(out / "results.jsonl")).values()
+    labels = group["models"]
+    assert sorted(labels) == sorted([
+        "RegularGPT C2 K1 depth=adaptive steps=200",             # both seeds of the 200-step run
+        "RegularGPT C2 K1 depth=adaptive steps=200 step=160",    # its step-160 checkpoint
+        "RegularGPT C2 K1 depth=adaptive steps=120",
+        "RegularGPT C2 K1 depth=train steps=200",                # the first run scored with depth_policy=train
+    ]), labels
+    final = "RegularGPT C2 K1 depth=adaptive steps=200"
+    assert len(group["seeds"][final]) == 2 and len(group["cells"][(final, 16)]) == 2
+    assert all(len(group["seeds"][m]) == 1 for m in labels if m != final)
+
+
+def test_console_lines_name_the_run_directory(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _run_cfg(tmp_path / "my-run-dir", data)
+    sweep([run], data, "test", [16], tmp_path / "out", progress=True)
+    captured = capsys.readouterr()
+    assert "my-run-dir" in captured.out + captured.err
+
+
+@pytest.mark.parametrize("field,section,flag,check", [
+    ("lengths", {"lengths": [16, 48]}, {"lengths": [32]},
+     lambda rows, flag: sorted(r["length"] for r in rows) == ([32] if flag else [16, 48])),
+    ("protocol", {"protocol": "sliding", "lengths": [16]}, {"protocol": "nonoverlapping"},
+     lambda rows, flag: {r["protocol"] for r in rows} == {"nonoverlapping" if flag else "sliding"}),
+    ("stride", {"protocol": "sliding", "stride": 4, "lengths": [16]}, {"stride": 8},
+     lambda rows, flag: {r["stride"] for r in rows} == {8 if flag else 4}),
+    ("tokens", {"tokens": 320, "lengths": [16]}, {"tokens": 160},
+     lambda rows, flag: {r["tokens"] for r in rows} == {160 if flag else 320}),
+    ("memory_gb", {"memory_gb": 0.5, "lengths": [16]}, {"memory_gb": 2.0},
+     lambda rows, flag: {r["memory_gb"] for r in rows} == {2.0 if flag else 0.5}),
+])
+def test_the_runs_eval_section_drives_evaluation_and_flags_override_it(
+        data: Path, tmp_path: Path, field: str, section: dict, flag: dict, check: object) -> None:
+    from regulargpt.evaluation.length_sweep import sweep_runs
+
+    run = _run_cfg(tmp_path / "run", data, eval_section=section)
+    rows = sweep_runs([run], data, "test", tmp_path / "own", {}, progress=False)
+    assert rows and check(rows, False), (field, rows[0])
+    rows = sweep_runs([run], data, "test", tmp_path / "flag", flag, progress=False)
+    assert rows and check(rows, True), (field, rows[0])
+
+
+def test_bad_eval_values_are_one_line_errors(data: Path, tmp_path: Path) -> None:
+    from regulargpt.evaluation.length_sweep import sweep_runs
+
+    run = _run_cfg(tmp_path / "run", data)
+    with pytest.raises(EvalError, match="lengths"):
+        sweep_runs([run], data, "test", tmp_path / "out", {"lengths": [0]}, progress=False)
+    with pytest.raises(EvalError, match="depth"):
+        sweep([_run(tmp_path / "dense", data)], data, "test", [16], tmp_path / "o2", progress=False,
+              depth_policy="train")

@@ -35,8 +35,8 @@ from regulargpt.errors import UserError
 from regulargpt.io import read_jsonl
 from regulargpt.tasks import Task
 
-__all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "missing_lengths", "parse_lengths", "range_evaluate",
-           "range_score", "read_rows"]
+__all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "held_out_score", "missing_lengths", "parse_lengths",
+           "range_evaluate", "range_score", "read_rows"]
 
 EVAL_SEED = 1_000_003  # base seed of the evaluation strings (not a training seed: those are small integers)
 
@@ -122,16 +122,38 @@ def range_evaluate(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("a") as handle:
         for length in tqdm(todo, desc=f"range {task.name}", disable=not progress, dynamic_ncols=True):
-            seed = int(np.random.SeedSequence(EVAL_SEED, spawn_key=(length,)).generate_state(1)[0])
-            generator = torch.Generator().manual_seed(seed)
-            inputs, labels = task.sample(samples, length, generator)  # (N, T'), (N,)
-            chunk = max(1, batch_tokens // inputs.shape[1])
-            correct = sum(int((model(x).argmax(dim=-1) == y).sum())
-                          for x, y in zip(inputs.split(chunk), labels.split(chunk)))
-            row = {"length": length, "input_length": inputs.shape[1], "accuracy": correct / samples, "n": samples}
+            correct, input_length = _correct_at(model, task, length, samples, batch_tokens)
+            row = {"length": length, "input_length": input_length, "accuracy": correct / samples, "n": samples}
             handle.write(json.dumps(row) + "\n")
             handle.flush()
     return read_rows(out_path)
+
+
+def _correct_at(model: nn.Module, task: Task, length: int, samples: int, batch_tokens: int) -> tuple[int, int]:
+    """(correctly classified strings out of `samples`, input length) at `length`, on the fixed evaluation strings."""
+    seed = int(np.random.SeedSequence(EVAL_SEED, spawn_key=(length,)).generate_state(1)[0])
+    generator = torch.Generator().manual_seed(seed)
+    inputs, labels = task.sample(samples, length, generator)  # (N, T'), (N,)
+    chunk = max(1, batch_tokens // inputs.shape[1])
+    correct = sum(int((model(x).argmax(dim=-1) == y).sum()) for x, y in zip(inputs.split(chunk), labels.split(chunk)))
+    return correct, inputs.shape[1]
+
+
+@torch.no_grad()
+def held_out_score(model: nn.Module, task: Task, lengths: Iterable[int], samples: int,
+                   batch_tokens: int = 16384) -> float:
+    """Mean accuracy over `lengths` on the same fixed strings as :func:`range_evaluate`, in memory (no file).
+
+    Leaves the model's train/eval mode and the global RNGs as they were (the time-to-solve check runs it in the
+    middle of training without changing training).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        scores = [_correct_at(model, task, t, samples, batch_tokens)[0] / samples for t in lengths]
+    finally:
+        model.train(was_training)
+    return float(np.mean(scores))
 
 
 def range_score(rows: dict[int, dict[str, float]], min_length: int, max_length: int) -> float:

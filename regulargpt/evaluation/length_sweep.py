@@ -7,6 +7,8 @@ stride, tokens). A row already present is not recomputed, so a killed sweep resu
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -21,8 +23,9 @@ import torch
 from torch import nn
 
 from regulargpt.checkpoint import load_model_file
-from regulargpt.config import Config
+from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
+from regulargpt.evaluation.lm_report import row_key
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -40,13 +43,41 @@ from regulargpt.evaluation.perplexity import (
 __all__ = [
     "ResultsFile",
     "RunInfo",
+    "EvalSettings",
     "check_compatible",
     "distributed_context",
+    "eval_settings",
     "load_run",
+    "run_variant",
     "open_eval_split",
     "sweep",
+    "sweep_runs",
     "training_tokenizer_sha",
 ]
+
+# Config keys that do not change what a run is (bookkeeping, resources): left out of its variant.
+_NOT_VARIANT = {"model": {"attention_memory_mb"},
+                "train": {"seed", "log_every", "eval_every", "eval_batches", "save_every", "keep_last", "max_bad_steps"}}
+
+
+def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
+    """What a run is, without its seed: the resolved model and training config (dotted keys), the training length and
+    dataset, and ``checkpoint_step`` when the model is not the run's final step. Runs with equal variants differ
+    only in the seed and belong in one table row."""
+    d = config_to_dict(cfg)
+    out = {f"{section}.{k}": v for section in ("model", "train") for k, v in d[section].items()
+           if k not in _NOT_VARIANT[section]}
+    out["data.seq_len"] = cfg.data.seq_len
+    out["data.dataset"] = Path(cfg.data.path).name if cfg.data.path else ""
+    step = meta.get("step")
+    if isinstance(step, int) and step != cfg.train.steps:
+        out["checkpoint_step"] = step
+    return out
+
+
+def variant_id(variant: dict[str, Any]) -> str:
+    """A short stable id of a variant (sha1 of its canonical JSON)."""
+    return hashlib.sha1(json.dumps(variant, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -58,6 +89,7 @@ class RunInfo:
     cfg: Config
     model: nn.Module
     meta: dict[str, Any]
+    depth_override: str | None = None  # an evaluation-time depth policy (None: the model's own)
 
     @property
     def label(self) -> str:
@@ -67,18 +99,28 @@ class RunInfo:
     def seed(self) -> int:
         return self.cfg.train.seed
 
+    @property
+    def variant(self) -> dict[str, Any]:
+        return run_variant(self.cfg, self.meta)
 
-def load_run(run: str | Path, device: torch.device | str = "cpu") -> RunInfo:
-    """A run directory holding model.pt, or a model.pt path → RunInfo (model in eval mode on `device`)."""
+
+def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: str | None = None) -> RunInfo:
+    """A run directory holding model.pt, or a model.pt path → RunInfo (model in eval mode on `device`).
+
+    `depth_policy` scores a RegularGPT with another depth policy than it was trained with (same weights)."""
     path = Path(run)
     model_path = path / "model.pt" if path.is_dir() else path
     if not model_path.is_file():
         where = f"run directory {path} has no model.pt" if path.is_dir() else f"{path} does not exist"
         raise EvalError(f"{where}; train it with `python launch/pretrain.py --config FILE --run-dir {path}` first")
-    cfg, model, meta = load_model_file(model_path, map_location=device)
+    try:
+        cfg, model, meta = load_model_file(model_path, map_location=device,
+                                           model_overrides={"depth_policy": depth_policy} if depth_policy else None)
+    except ConfigError as err:
+        raise EvalError(f"{model_path}: --depth-policy {depth_policy}: {err}") from None
     if cfg.model.head != "lm":
         raise EvalError(f"{model_path}: head {cfg.model.head!r} is not a language model (perplexity needs head 'lm')")
-    return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta)
+    return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta, depth_policy)
 
 
 def _find_key(obj: Any, key: str) -> Any:
@@ -156,11 +198,6 @@ def check_compatible(info: RunInfo, split: TokenSplit) -> None:
 # ------------------------------------------------------------------------------------------------ results file
 
 
-def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies a result: (run, dataset, split, length, protocol, stride, tokens)."""
-    return tuple(row.get(k) for k in ("run", "dataset", "split", "length", "protocol", "stride", "tokens"))
-
-
 class ResultsFile:
     """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; a partial last line left by
     a crash is cut off when the file is opened, so the next append starts on a clean line."""
@@ -224,7 +261,9 @@ def skipped_row(info: RunInfo, dataset: str, split: str, length: int, protocol: 
 
 def _row_base(info: RunInfo, dataset: str, split: str, length: int, protocol: Protocol, stride: int,
               tokens: int) -> dict[str, Any]:
-    return {"run": info.run, "model": info.label, "seed": info.seed, "dataset": dataset, "split": split,
+    variant = info.variant
+    return {"run": info.run, "depth_policy": info.depth_override, "model": info.label, "seed": info.seed,
+            "variant": variant_id(variant), "variant_config": variant, "dataset": dataset, "split": split,
             "length": length, "protocol": protocol, "stride": stride, "tokens": tokens,
             "train_length": info.cfg.data.seq_len, "params": sum(p.numel() for p in info.model.parameters())}
 
@@ -250,8 +289,12 @@ def _barrier() -> None:
 
 def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths: Sequence[int], out_dir: str | Path,
           protocol: Protocol = "nonoverlapping", stride: int = 0, tokens: int = 0, memory_gb: float = 4.0,
-          batch_size: int = 0, device: torch.device | str = "cpu", progress: bool = True) -> list[dict[str, Any]]:
+          batch_size: int = 0, device: torch.device | str = "cpu", progress: bool = True,
+          depth_policy: str | None = None) -> list[dict[str, Any]]:
     """Evaluate every (run, length) not already in ``out_dir/results.jsonl``; returns this sweep's rows.
+
+    `depth_policy` scores every run (RegularGPT only) with that depth policy instead of its own; such rows are keyed
+    and labelled apart from the model's own (``depth=train``).
 
     Every rank computes its share of the windows; rank 0 appends the reduced rows. Rows record the exact token
     count, the stride, the batch size and the memory budget. A length that cannot run gets a ``skipped`` row.
@@ -268,7 +311,7 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
     dataset = Path(data_dir).resolve().name
     counts = plan_tokens(len(data), lengths, tokens, protocol)
     for run in runs:  # fail on a bad run before spending time on the others
-        check_compatible(load_run(run), data)
+        check_compatible(load_run(run, depth_policy=depth_policy), data)
     results = ResultsFile(Path(out_dir) / "results.jsonl", repair=rank == 0)
     done = results.latest()
     _barrier()  # every rank has read the file before rank 0 appends to it
@@ -278,11 +321,12 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
     for run in runs:
         info: RunInfo | None = None
         for length in lengths:
-            key = (str(run).rstrip("/"), dataset, split, length, protocol, stride_of[length], counts[length])
+            key = (str(run).rstrip("/"), depth_policy, dataset, split, length, protocol, stride_of[length],
+                   counts[length])
             if is_done(done.get(key), memory_gb):
                 bar.update()
                 continue
-            info = info or load_run(run, device)
+            info = info or load_run(run, device, depth_policy)
             row = _evaluate_length(info, data, dataset, split, length, protocol, stride_of[length], counts[length],
                                    memory_gb, batch_size, device, rank, world)
             if rank == 0:
@@ -293,6 +337,50 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
         del info
     bar.close()
     _barrier()
+    return rows
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How one run is scored: its config's ``eval`` section, with command-line values overriding field by field."""
+
+    lengths: tuple[int, ...]
+    protocol: Protocol
+    stride: int
+    tokens: int
+    memory_gb: float
+
+
+def eval_settings(section: EvalConfig, overrides: dict[str, Any]) -> EvalSettings:
+    """The run's eval section, with every non-None entry of `overrides` (``lengths``, ``protocol``, ``stride``,
+    ``tokens``, ``memory_gb``) replacing its field; the result is validated like a config section."""
+    given = {k: (list(v) if k == "lengths" else v) for k, v in overrides.items() if v is not None}
+    unknown = set(given) - {f.name for f in dataclasses.fields(EvalSettings)}
+    if unknown:
+        raise EvalError(f"unknown evaluation setting(s) {sorted(unknown)}")
+    merged = dataclasses.replace(section, **given)
+    try:
+        merged.validate()
+    except ConfigError as err:
+        raise EvalError(f"eval.{err}") from None
+    return EvalSettings(tuple(sorted(set(merged.lengths))), merged.protocol, merged.stride, merged.tokens,
+                        merged.memory_gb)
+
+
+def sweep_runs(runs: Sequence[str | Path], data_dir: str | Path, split: str, out_dir: str | Path,
+               overrides: dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """:func:`sweep` with each run's settings taken from its saved ``eval`` section (lengths, protocol, stride,
+    tokens, memory_gb), overridden by `overrides` (the command line); runs with equal settings are swept together.
+    Example: a run trained with ``eval.lengths=[64, 128]`` is scored at 64 and 128 unless ``lengths`` is given."""
+    overrides = overrides or {}
+    groups: dict[EvalSettings, list[str | Path]] = {}
+    for run in runs:
+        info = load_run(run, depth_policy=kwargs.get("depth_policy"))
+        groups.setdefault(eval_settings(info.cfg.eval, overrides), []).append(run)
+    rows: list[dict[str, Any]] = []
+    for settings, members in groups.items():
+        rows += sweep(members, data_dir, split, list(settings.lengths), out_dir, protocol=settings.protocol,
+                      stride=settings.stride, tokens=settings.tokens, memory_gb=settings.memory_gb, **kwargs)
     return rows
 
 
@@ -324,7 +412,8 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
 
 
 def _describe(row: dict[str, Any]) -> str:
-    head = f"{row['model']} seed {row['seed']} · {row['dataset']} L={row['length']}"
+    depth = f" depth={row['depth_policy']}" if row.get("depth_policy") else ""
+    head = f"{row['run']}{depth} ({row['model']} seed {row['seed']}) · {row['dataset']} L={row['length']}"
     if row.get("skipped"):
         return f"{head}: skipped ({row['skipped']})"
     return (f"{head}: ppl {row['ppl']:.3f} over {row['tokens']} tokens in {row['windows']} windows "

@@ -1,8 +1,12 @@
 """Tables and plots from perplexity rows (``results.jsonl`` of :mod:`regulargpt.evaluation.length_sweep`).
 
-Reads only the rows: nothing here runs a model. For every (dataset, split, protocol) group:
+Reads only the rows: nothing here runs a model. A table row is one *variant*: runs whose resolved model and training
+configs are equal except for the seed (``variant`` in each result row, with the config it hashes in
+``variant_config``). Variants that share a display name are told apart by what differs between them, e.g.
+``RegularGPT C4 K4 pad=mask depth=train``; a checkpoint that is not the run's last step adds ``step=N``. For every
+(dataset, split, protocol) group:
 
-* ``table.md``: rows = models, columns = lengths, mean ± std (sample std, n − 1) of ppl over seeds, the best mean
+* ``table.md``: rows = variants, columns = lengths, mean ± std (sample std, n − 1) of ppl over seeds, the best mean
   per column in bold, the exact token count per length, and the command, git commit, machine and date on top;
 * ``ppl_vs_length.png``: log2 x axis, log y axis, one line per model (mean over seeds) and a min–max seed band;
 * ``loss_vs_position.png``: one panel per model, mean NLL per octave of window position, one line per length.
@@ -31,8 +35,11 @@ import numpy as np
 from regulargpt.io import atomic_write_bytes, atomic_write_text
 
 __all__ = [
+    "ROW_KEY",
     "aggregate",
     "latest_rows",
+    "row_key",
+    "variant_labels",
     "load_rows",
     "markdown_table",
     "plot_loss_vs_position",
@@ -42,7 +49,17 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
-_KEY = ("run", "dataset", "split", "length", "protocol", "stride", "tokens")
+ROW_KEY = ("run", "depth_policy", "dataset", "split", "length", "protocol", "stride", "tokens")
+
+# How a differing config key is written in a variant's label (keys not listed: the key without its section).
+_SHORT_KEYS = {"model.depth_policy": "depth", "model.rel_bias_init": "r_init", "model.depth_scaled_init": "depth_init",
+               "checkpoint_step": "step", "data.dataset": "data"}
+
+
+def row_key(row: Row) -> tuple[Any, ...]:
+    """What identifies a result: (run, evaluation-time depth policy, dataset, split, length, protocol, stride,
+    tokens). The depth policy is None for rows scored with the model's own (rows written before it existed too)."""
+    return tuple(row.get(k) for k in ROW_KEY)
 
 
 def load_rows(path: str | Path) -> list[Row]:
@@ -57,11 +74,44 @@ def load_rows(path: str | Path) -> list[Row]:
 
 
 def latest_rows(rows: Sequence[Row]) -> list[Row]:
-    """The last row per key (run, dataset, split, length, protocol, stride, tokens), in first-seen order."""
+    """The last row per :func:`row_key`, in first-seen order."""
     latest: dict[tuple[Any, ...], Row] = {}
     for row in rows:
-        latest[tuple(row.get(k) for k in _KEY)] = row
+        latest[row_key(row)] = row
     return list(latest.values())
+
+
+def _variant(row: Row) -> str:
+    """The row's variant id; rows written before variants existed fall back to their model name."""
+    return row.get("variant") or row["model"]
+
+
+def _short(key: str, value: Any) -> str:
+    name = _SHORT_KEYS.get(key, key.split(".", 1)[-1])
+    text = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    return f"{name}={text}"
+
+
+def variant_labels(rows: Sequence[Row]) -> dict[str, str]:
+    """variant id → display label: the model name, plus ``key=value`` for every config key whose value differs
+    between the variants that share that name (in the order of the config).
+
+    >>> rows = [{"model": "M", "variant": "a", "variant_config": {"model.pad": "learned", "train.lr": 1}},
+    ...         {"model": "M", "variant": "b", "variant_config": {"model.pad": "mask", "train.lr": 1}}]
+    >>> variant_labels(rows)
+    {'a': 'M pad=learned', 'b': 'M pad=mask'}
+    """
+    by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        by_name[row["model"]].setdefault(_variant(row), row.get("variant_config") or {})
+    labels = {}
+    for name, variants in by_name.items():
+        keys = list(dict.fromkeys(k for cfg in variants.values() for k in cfg))
+        differing = [k for k in keys if len({json.dumps(cfg.get(k), sort_keys=True) for cfg in variants.values()}) > 1]
+        for vid, cfg in variants.items():
+            extra = " ".join(_short(k, cfg[k]) for k in differing if k in cfg)
+            labels[vid] = f"{name} {extra}".strip()
+    return labels
 
 
 def _git(*args: str) -> str:
@@ -93,14 +143,18 @@ def provenance(command: str) -> dict[str, str]:
 
 
 def aggregate(rows: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Group → {"lengths", "models" (first-seen order), "cells" {(model, L): [ppl per seed]}, "skipped", "tokens",
-    "stride", "train_length", "params"} over the latest completed rows."""
+    """Group → {"lengths", "models" (variant labels, first-seen order), "cells" {(label, L): [ppl per run]},
+    "seeds" (distinct seeds per label), "runs", "skipped", "tokens", "stride", "train_length", "params"} over the
+    latest rows; rows are keyed by variant (see :func:`variant_labels`), never by the model name alone."""
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for row in latest_rows(rows):
+    latest = latest_rows(rows)
+    labels = variant_labels(latest)
+    for row in latest:
         g = groups.setdefault((row["dataset"], row["split"], row["protocol"]), {
             "lengths": set(), "models": {}, "cells": defaultdict(list), "skipped": {}, "tokens": {}, "stride": {},
-            "train_length": set(), "params": defaultdict(set), "seeds": defaultdict(set)})
-        model, length = row["model"], row["length"]
+            "train_length": set(), "params": defaultdict(set), "seeds": defaultdict(set), "runs": defaultdict(set)})
+        model, length = labels[_variant(row)], row["length"]
+        g["runs"][model].add(row["run"])
         g["lengths"].add(length)
         g["models"].setdefault(model, None)
         g["train_length"].add(row.get("train_length"))
@@ -245,11 +299,13 @@ def _position_curves(rows: Sequence[Row], group: tuple[str, str, str],
     """model → length → (bucket centres, token-weighted mean NLL over seeds), leaving out buckets with fewer than
     `min_tokens` tokens (the first octaves of a long window hold one token per window: noise, not a curve)."""
     acc: dict[str, dict[int, dict[tuple[int, int], list[float]]]] = defaultdict(lambda: defaultdict(dict))
-    for row in latest_rows(rows):
+    latest = latest_rows(rows)
+    labels = variant_labels(latest)
+    for row in latest:
         if (row["dataset"], row["split"], row["protocol"]) != group or row.get("skipped"):
             continue
         for b in row.get("per_position", []):
-            s = acc[row["model"]][row["length"]].setdefault((b["start"], b["end"]), [0.0, 0])
+            s = acc[labels[_variant(row)]][row["length"]].setdefault((b["start"], b["end"]), [0.0, 0])
             s[0] += b["nll"] * b["tokens"]
             s[1] += b["tokens"]
     out: dict[str, dict[int, tuple[list, list]]] = {}

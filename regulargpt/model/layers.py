@@ -107,13 +107,40 @@ class OutputHead(nn.Module):
         return self.proj(self.norm(x))
 
 
-def init_weights(module: nn.Module, std: float) -> None:
-    """GPT-style init: N(0, std) for linear and embedding weights, zero biases, unit LayerNorm."""
+_HAIKU_TRUNCATION = 0.87962566103423978  # std of a unit normal truncated to [-2, 2]
+
+
+def init_weights(module: nn.Module, cfg: ModelConfig, applications: int = 0) -> None:
+    """Initialise every linear, embedding and LayerNorm of `module` from the config.
+
+    * ``init="normal"``: linear weights N(0, init_std) (GPT-2 / GPT-NeoX);
+    * ``init="fan_in"``: Haiku's default, a normal truncated at ±2 units and rescaled to std σ = 1/sqrt(fan_in)
+      (d 64: σ = 0.125; the 4d → d FFN output: 0.0625) — the authors' formal-language initialisation;
+    * token embeddings N(0, embedding_init_std or init_std) in both schemes (the authors: a one-hot map with std 0.02);
+    * ``depth_scaled_init`` with `applications` layer applications: the attention and FFN output projections are then
+      divided by sqrt(2 · applications) (GPT-2's residual rule; K = 4, L = 3: ÷ sqrt(24) ≈ 4.9);
+    * zero biases, unit LayerNorm.
+    """
+    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     for m in module.modules():
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, 0.0, std)
-            if isinstance(m, nn.Linear) and m.bias is not None:
+        if isinstance(m, nn.Linear) and id(m.weight) in embedding_weights:  # a head tied to the embedding
+            if m.bias is not None:
                 nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            if cfg.init == "fan_in":
+                std = (1.0 / math.sqrt(m.in_features)) / _HAIKU_TRUNCATION
+                nn.init.trunc_normal_(m.weight, 0.0, std, -2 * std, 2 * std)
+            else:
+                nn.init.normal_(m.weight, 0.0, cfg.init_std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, cfg.embedding_init_std or cfg.init_std)
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+    if cfg.depth_scaled_init and applications > 0:
+        for m in module.modules():
+            if isinstance(m, TransformerLayer):
+                m.out.weight.data.div_(math.sqrt(2 * applications))
+                m.ffn_out.weight.data.div_(math.sqrt(2 * applications))

@@ -35,9 +35,10 @@ from torch import Tensor, nn
 
 from regulargpt.config import ModelConfig
 from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
+from regulargpt.model.position import alibi_slopes
 from regulargpt.model.sliding_dilated import adaptive_depth, sliding_dilated_attention
 
-__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention"]
+__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention", "init_rel_bias"]
 
 
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None,
@@ -66,6 +67,21 @@ def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Te
         masked[0, :left] = True
         scores = scores.masked_fill(masked, float("-inf"))
     return torch.einsum("bhnc,bhncd->bhnd", scores.softmax(-1).to(v.dtype), vc)
+
+
+def init_rel_bias(rel_bias: Tensor, scheme: str) -> None:
+    """Window scalars r (H, C): "normal" N(0, 0.02) (the authors' code); "zeros"; "recency" r[h, j] = −s_h·j with
+    ALiBi's head slopes s_h (H = 4: s = 1/4, 1/16, 1/64, 1/256, so head 0 starts at r = 0, −0.25, −0.5, −0.75)."""
+    with torch.no_grad():
+        if scheme == "normal":
+            nn.init.normal_(rel_bias, 0.0, 0.02)
+        elif scheme == "zeros":
+            nn.init.zeros_(rel_bias)
+        elif scheme == "recency":
+            h, c = rel_bias.shape
+            rel_bias.copy_(-alibi_slopes(h)[:, None] * torch.arange(c, dtype=torch.float32)[None, :])
+        else:
+            raise ValueError(f"rel_bias_init: unknown scheme {scheme!r}; expected normal, zeros or recency")
 
 
 class _SlidingDilatedLayer(nn.Module):
@@ -98,11 +114,28 @@ class RegularGPTStack(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.chunk_size, self.thickness = cfg.chunk_size, cfg.thickness
+        self.depth_policy, self.train_length = cfg.depth_policy, cfg.train_length
         self.sublayers = nn.ModuleList(_SlidingDilatedLayer(cfg) for _ in range(cfg.thickness))
         self.pad = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.pad == "learned" else None
 
     def depth(self, length: int) -> int:
+        """Depth steps run on a sequence of `length` tokens in sliding mode, by ``depth_policy``.
+
+        adaptive: ceil(log_C T) (the paper); train: ceil(log_C T_train) at every length (a window of C^L_train
+        tokens); per_position: ceil(log_C T) steps, of which position m takes part in max(1, ceil(log_C(m+1))).
+        """
+        if self.depth_policy == "train":
+            if self.train_length < 1:
+                raise ValueError("depth_policy 'train' needs model.train_length >= 1 (the training length)")
+            return adaptive_depth(self.train_length, self.chunk_size)
         return adaptive_depth(length, self.chunk_size)
+
+    def step_mask(self, length: int, level: int, device: torch.device) -> Tensor | None:
+        """per_position: (T, 1) bool, True where position m takes part in depth step `level` (m >= C^level, or level
+        0); None when every position does. Worked example, C = 2, T = 5: step 1 → m >= 2; step 2 → m >= 4."""
+        if self.depth_policy != "per_position" or level == 0:
+            return None
+        return (torch.arange(length, device=device) >= self.chunk_size**level)[:, None]
 
     def _step(self, x: Tensor, dilation: int) -> Tensor:
         pad = self.pad
@@ -111,9 +144,12 @@ class RegularGPTStack(nn.Module):
         return x
 
     def sliding(self, x: Tensor) -> Tensor:
-        """(B, T, d) → (B, T, d): every position, depth step l at dilation C**l."""
+        """(B, T, d) → (B, T, d): depth step l at dilation C**l; every position (adaptive, train) or the positions
+        m >= C**l (per_position, the others keep their state)."""
         for level in range(self.depth(x.shape[1])):
-            x = self._step(x, self.chunk_size**level)
+            active = self.step_mask(x.shape[1], level, x.device)
+            new = self._step(x, self.chunk_size**level)
+            x = new if active is None else torch.where(active, new, x)
         return x
 
     def tree(self, x: Tensor) -> Tensor:
@@ -149,9 +185,10 @@ class _RegularGPTBase(nn.Module):
         self.embed = TokenEmbedding(cfg)
         self.stack = RegularGPTStack(cfg)
         self.head = OutputHead(cfg, out_features, tied=self.embed.table if cfg.tie_embeddings else None)
-        init_weights(self, cfg.init_std)
+        train_depth = adaptive_depth(cfg.train_length, cfg.chunk_size) if cfg.train_length else 1
+        init_weights(self, cfg, applications=cfg.thickness * train_depth)
         for sub in self.stack.sublayers:
-            nn.init.normal_(sub.rel_bias, 0.0, 0.02)
+            init_rel_bias(sub.rel_bias, cfg.rel_bias_init)
         if self.stack.pad is not None:
             nn.init.normal_(self.stack.pad, 0.0, 0.02)
 

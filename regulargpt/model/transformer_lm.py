@@ -44,7 +44,7 @@ class _DenseTransformer(nn.Module):
             LearnedPositions(cfg.max_positions, cfg.d_model, cfg.init_std) if cfg.position == "learned" else None
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.position == "rope" else None
-        init_weights(self, cfg.init_std)
+        init_weights(self, cfg, applications=cfg.n_layers)
         # One bias module per model, shared by every layer (as in ALiBi/T5/KERPLE); created after init_weights so
         # KERPLE keeps its reference initialisation.
         self.bias: nn.Module | None = None

@@ -16,6 +16,7 @@ Run directory::
     DIR/ckpt.pt                model + optimizer + step + RNG states, every train.save_every steps and at the end
     DIR/ckpt.prev.pt           the checkpoint before it (each save renames ckpt.pt to this, then writes ckpt.pt)
     DIR/model.pt               the final model (regulargpt.checkpoint format), written last
+    DIR/time_to_solve.jsonl    with a :class:`SolveCheck`: {"step", "seconds", "score"} every `every` steps
 
 Resume is automatic: with ``DIR/ckpt.pt`` present training continues from it, metrics rows after its step are
 dropped, and the continued run is identical to an uninterrupted one (same batches, same losses, same parameters).
@@ -34,6 +35,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +47,39 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict, save_config
+from regulargpt.evaluation.formal import held_out_score
 from regulargpt.io import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
 
-__all__ = ["CKPT_FILE", "CONFIG_FILE", "METRICS_FILE", "MODEL_FILE", "formal_task", "seed_stream", "train_formal"]
+__all__ = ["CKPT_FILE", "CONFIG_FILE", "METRICS_FILE", "MODEL_FILE", "SOLVE_FILE", "SolveCheck", "formal_task",
+           "seed_stream", "train_formal"]
 
 CKPT_FILE, MODEL_FILE, CONFIG_FILE, METRICS_FILE = "ckpt.pt", "model.pt", "config.resolved.json", "metrics.jsonl"
+SOLVE_FILE = "time_to_solve.jsonl"
 PREV_CKPT_FILE = "ckpt.prev.pt"
 _CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
 _RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumption
+
+
+@dataclass(frozen=True)
+class SolveCheck:
+    """Time-to-solve: every `every` steps, the held-out score (mean accuracy over `lengths`, `samples` fixed strings
+    each, :func:`~regulargpt.evaluation.formal.held_out_score`) is logged with the training seconds so far (checks
+    excluded). The first check at >= `threshold` is the time to solve. The check reads the model only: training
+    with and without it is identical (tested)."""
+
+    every: int = 100
+    lengths: tuple[int, ...] = tuple(range(41, 501, 51))  # 41, 92, …, 500
+    samples: int = 64
+    threshold: float = 0.99
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.samples < 1 or not self.lengths or min(self.lengths) < 1:
+            raise ConfigError(f"time-to-solve check: every={self.every}, samples={self.samples}, lengths "
+                              f"{list(self.lengths)[:3]}…: expected every >= 1, samples >= 1, lengths >= 1")
 
 
 def seed_stream(seed: int, stream: int) -> int:
@@ -174,8 +197,12 @@ def train_formal(
     run_dir: str | Path,
     *,
     task_factory: Callable[[Config], Task] = formal_task,
+    solve_check: SolveCheck | None = None,
 ) -> Path:
     """Train `cfg` in `run_dir` (resuming from ``ckpt.pt`` if present) and return the path of ``model.pt``.
+
+    With `solve_check`, the held-out score is logged to ``time_to_solve.jsonl`` every ``solve_check.every`` steps and
+    model.pt's meta records ``solved_step`` / ``solved_seconds`` (the first check >= the threshold; None if none).
 
     `task_factory` builds the task from the config (tests pass a wrapper to simulate a crash mid-run).
     """
@@ -208,6 +235,9 @@ def train_formal(
         torch_rng = state["torch_rng"]
         step, seconds, bad_steps = state["step"], state["seconds"], state["bad_steps"]
     _trim_metrics(run_dir / METRICS_FILE, step)
+    _trim_metrics(run_dir / SOLVE_FILE, step)
+    solved = next((row for row in read_jsonl(run_dir / SOLVE_FILE)
+                   if solve_check and row["score"] >= solve_check.threshold), None) if solve_check else None
 
     def checkpoint() -> None:
         _save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -253,9 +283,20 @@ def train_formal(
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
                 bar.set_postfix(loss=f"{loss.item():.4f}", acc=f"{acc:.3f}")
+            if solve_check and step % solve_check.every == 0:
+                score = held_out_score(model, task, solve_check.lengths, solve_check.samples)
+                row = {"step": step, "seconds": round(seconds, 3), "score": score}
+                with (run_dir / SOLVE_FILE).open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+                if solved is None and score >= solve_check.threshold:
+                    solved = row
+                    bar.write(f"solved: held-out score {score:.3f} at step {step} after {seconds:.1f} s of training")
             if (tc.save_every and step % tc.save_every == 0) or step == tc.steps:
                 checkpoint()
     bar.close()
-    save_model_file(model_path, cfg, model, meta={"step": step, "train_seconds": round(seconds, 3),
-                                                  "bad_steps": bad_steps, "task": cfg.data.task})
+    meta: dict[str, Any] = {"step": step, "train_seconds": round(seconds, 3), "bad_steps": bad_steps,
+                            "task": cfg.data.task}
+    if solve_check:
+        meta.update(solved_step=solved and solved["step"], solved_seconds=solved and solved["seconds"])
+    save_model_file(model_path, cfg, model, meta=meta)
     return model_path
