@@ -27,6 +27,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,13 +48,26 @@ DATASETS = ("python-stdlib", "debian-prose", "debian-code", "debian-latex")
 TRAIN_LENGTH, VOCAB = 64, 2048
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One trained row of a study: configs/tiny/<config>.json with `sets` overrides, run as OUT/runs/<dataset>/
+    <name>-seed<k>. `depth_policies`: extra evaluation-time depth policies its weights are also scored with;
+    `datasets`: where it is trained (empty = every dataset of the plan)."""
+
+    name: str
+    config: str
+    sets: tuple[str, ...] = ()
+    depth_policies: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()
+
+
 @dataclass
 class Plan:
-    """What one invocation runs. FULL is the committed comparison, DEMO the `make demo` version."""
+    """What one invocation runs. FULL is the first comparison, V2 the committed study, DEMO the `make demo` version."""
 
     out: Path
     datasets: tuple[str, ...]
-    models: tuple[str, ...]
+    models: tuple[Variant, ...]
     seeds: dict[str, tuple[int, ...]]
     steps: int
     batch_size: int
@@ -61,6 +75,8 @@ class Plan:
     eval_tokens: int
     max_bytes: int = 4_000_000
     data_root: Path = field(default_factory=lambda: ROOT / "data" / "lm_cpu")
+    sliding_check: tuple[str, ...] = ()  # variants also scored with the sliding protocol (stride 32), seed 0
+    sliding_lengths: tuple[int, ...] = (64, 256, 1024)
 
     @property
     def lengths(self) -> list[int]:
@@ -70,19 +86,44 @@ class Plan:
     def train_tokens(self) -> int:
         return self.steps * self.batch_size * TRAIN_LENGTH
 
-    def trainings(self) -> list[tuple[str, str, int]]:
-        return [(d, m, s) for d in self.datasets for s in self.seeds[d] for m in self.models]
+    def trainings(self) -> list[tuple[str, Variant, int]]:
+        """(dataset, variant, seed), seed-major within each dataset so that every row gets its first seed first."""
+        return [(d, m, s) for d in self.datasets for s in self.seeds[d] for m in self.models
+                if not m.datasets or d in m.datasets]
 
-    def run_dir(self, dataset: str, model: str, seed: int) -> Path:
-        return self.out / "runs" / dataset / f"{model}-seed{seed}"
+    def run_dir(self, dataset: str, model: Variant, seed: int) -> Path:
+        return self.out / "runs" / dataset / f"{model.name}-seed{seed}"
 
 
-FULL = Plan(out=ROOT / "results" / "lm_cpu", datasets=DATASETS, models=MODELS,
+def _plain(*names: str) -> tuple[Variant, ...]:
+    return tuple(Variant(n, n) for n in names)
+
+
+FULL = Plan(out=ROOT / "results" / "lm_cpu", datasets=DATASETS, models=_plain(*MODELS),
             seeds={"python-stdlib": (0, 1, 2), **{d: (0,) for d in DATASETS[1:]}},
             steps=300, batch_size=16, multiples=32, eval_tokens=16384)
 DEMO = Plan(out=ROOT / "results" / "demo" / "lm", datasets=("python-stdlib",),
-            models=("regular_gpt", "alibi", "kerple_log", "nope"), seeds={"python-stdlib": (0,)},
+            models=_plain("regular_gpt", "alibi", "kerple_log", "nope"), seeds={"python-stdlib": (0,)},
             steps=200, batch_size=16, multiples=16, eval_tokens=8192)
+_POLICIES = ("train", "per_position")  # scored besides each RegularGPT's own adaptive depth
+V2 = Plan(
+    out=ROOT / "results" / "lm_cpu_v2", datasets=("python-stdlib", "debian-prose"),
+    models=(
+        Variant("regular_gpt", "regular_gpt", (), _POLICIES),  # the paper's settings: C 4, K 4, learned pad, r ~ N(0, 0.02)
+        Variant("alibi", "alibi"),
+        Variant("rg_recency", "regular_gpt", ("model.rel_bias_init=recency",), _POLICIES, ("python-stdlib",)),
+        Variant("rg_depth_init", "regular_gpt", ("model.depth_scaled_init=true",), _POLICIES, ("python-stdlib",)),
+        Variant("rg_pad_mask", "regular_gpt", ("model.pad=mask",), _POLICIES, ("python-stdlib",)),
+        Variant("rg_c8", "regular_gpt", ("model.chunk_size=8",), _POLICIES, ("python-stdlib",)),
+        Variant("rg_all", "regular_gpt", ("model.rel_bias_init=recency", "model.depth_scaled_init=true",
+                                          "model.pad=mask"), _POLICIES),
+        *_plain("kerple_log", "kerple_power", "t5", "rope", "nope"),
+    ),
+    seeds={"python-stdlib": (0, 1, 2), "debian-prose": (0,)},
+    steps=1200, batch_size=16, multiples=32, eval_tokens=16384,
+    sliding_check=("regular_gpt", "alibi"),
+)
+STUDIES = {"v1": FULL, "v2": V2}
 
 
 def _rel(path: Path) -> str:
@@ -113,8 +154,8 @@ def prepare_data(plan: Plan) -> None:
             raise SystemExit(f"error: data preparation for {dataset} failed (see above)")
 
 
-def train_overrides(plan: Plan, dataset: str, seed: int) -> list[str]:
-    return [f"data.path={_rel(plan.data_root / dataset)}", f"data.seq_len={TRAIN_LENGTH}", f"model.vocab_size={VOCAB}",
+def train_overrides(plan: Plan, dataset: str, seed: int, variant: Variant | None = None) -> list[str]:
+    return [*(variant.sets if variant else ()), f"data.path={_rel(plan.data_root / dataset)}", f"data.seq_len={TRAIN_LENGTH}", f"model.vocab_size={VOCAB}",
             f"train.seed={seed}", f"train.steps={plan.steps}", f"train.batch_size={plan.batch_size}",
             "train.eval_every=0", "train.save_every=0", "train.keep_last=1", "logging.progress=false",
             "logging.wandb=false"]
@@ -127,8 +168,9 @@ def parameter_counts(plan: Plan) -> dict[str, int]:
 
     counts = {}
     for model in plan.models:
-        cfg = load_config(ROOT / "configs" / "tiny" / f"{model}.json", train_overrides(plan, plan.datasets[0], 0))
-        counts[model] = sum(p.numel() for p in build_model(cfg.model).parameters())
+        cfg = load_config(ROOT / "configs" / "tiny" / f"{model.config}.json",
+                          train_overrides(plan, plan.datasets[0], 0, model))
+        counts[model.name] = build_model(cfg.model).num_parameters()
     reference = counts.get("regular_gpt", next(iter(counts.values())))
     print("parameters (budget: RegularGPT ±10%):", flush=True)
     for model, n in counts.items():
@@ -139,20 +181,23 @@ def parameter_counts(plan: Plan) -> dict[str, int]:
     return counts
 
 
-def train_all(plan: Plan) -> list[str]:
-    """Train every missing run (model.pt absent); → the runs that failed."""
+def train_all(plan: Plan, after_each: Callable[[], None] | None = None) -> list[str]:
+    """Train every missing run (model.pt absent), calling `after_each` after every new run (evaluate + report, so
+    results appear as runs finish); → the runs that failed."""
     from tqdm.auto import tqdm
 
     failed = []
     todo = plan.trainings()
     bar = tqdm(todo, desc="training", unit="run", file=sys.stdout, mininterval=0)
-    for dataset, model, seed in bar:
-        run_dir = plan.run_dir(dataset, model, seed)
+    for dataset, variant, seed in bar:
+        run_dir = plan.run_dir(dataset, variant, seed)
+        model = variant.name
         bar.set_postfix_str(f"{dataset}/{model}-seed{seed}")
         if (run_dir / "model.pt").is_file():
             continue
-        cmd = [sys.executable, "launch/pretrain.py", "--config", f"configs/tiny/{model}.json", "--run-dir", _rel(run_dir)]
-        for item in train_overrides(plan, dataset, seed):
+        cmd = [sys.executable, "launch/pretrain.py", "--config", f"configs/tiny/{variant.config}.json",
+               "--run-dir", _rel(run_dir)]
+        for item in train_overrides(plan, dataset, seed, variant):
             cmd += ["--set", item]
         t0, cpu0 = time.perf_counter(), _children_cpu()
         rc = _run(cmd, log=run_dir / "train.log")
@@ -165,6 +210,8 @@ def train_all(plan: Plan) -> list[str]:
         atomic_write_text(run_dir / "wall.json",
                           json.dumps({"seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "command": cmd}) + "\n")
         bar.write(f"trained {dataset}/{model}-seed{seed} in {seconds:.0f} s ({cpu:.0f} CPU s)")
+        if after_each is not None:
+            after_each()
     return failed
 
 
@@ -174,17 +221,32 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _finished(plan: Plan, dataset: str, names: tuple[str, ...] | None = None,
+              policy: str | None = None, seeds: tuple[int, ...] | None = None) -> list[str]:
+    """Run directories with a model.pt, in training order; optionally only `names`, variants scored with `policy`,
+    or `seeds`."""
+    return [_rel(plan.run_dir(d, m, s)) for d, m, s in plan.trainings()
+            if d == dataset and (names is None or m.name in names) and (policy is None or policy in m.depth_policies)
+            and (seeds is None or s in seeds) and (plan.run_dir(d, m, s) / "model.pt").is_file()]
+
+
 def evaluate_all(plan: Plan, memory_gb: float) -> None:
+    """Every finished run at every length (its own depth policy), RegularGPT runs again with each extra depth policy
+    of their variant, and the sliding-protocol check; extrapolate.py skips rows already in the results file."""
     for dataset in plan.datasets:
-        runs = [_rel(plan.run_dir(dataset, m, s)) for s in plan.seeds[dataset] for m in plan.models
-                if (plan.run_dir(dataset, m, s) / "model.pt").is_file()]
-        if not runs:
-            continue
-        cmd = [sys.executable, "eval/extrapolate.py", "--runs", *runs, "--data", _rel(plan.data_root / dataset),
-               "--split", "test", "--lengths", ",".join(map(str, plan.lengths)), "--tokens", str(plan.eval_tokens),
-               "--out", _rel(plan.out / dataset), "--memory-gb", str(memory_gb), "--device", "cpu", "--no-progress"]
-        if _run(cmd) != 0:
-            raise SystemExit(f"error: evaluation on {dataset} failed (see above)")
+        base = [sys.executable, "eval/extrapolate.py", "--data", _rel(plan.data_root / dataset), "--split", "test",
+                "--tokens", str(plan.eval_tokens), "--out", _rel(plan.out / dataset), "--memory-gb", str(memory_gb),
+                "--device", "cpu", "--no-progress"]
+        lengths = ["--lengths", ",".join(map(str, plan.lengths))]
+        jobs = [(_finished(plan, dataset), lengths)]
+        jobs += [(_finished(plan, dataset, policy=p), [*lengths, "--depth-policy", p]) for p in ("train", "per_position")]
+        if plan.sliding_check:
+            jobs.append((_finished(plan, dataset, plan.sliding_check, seeds=(0,)),
+                         ["--lengths", ",".join(map(str, plan.sliding_lengths)), "--protocol", "sliding",
+                          "--stride", "32"]))
+        for runs, extra in jobs:
+            if runs and _run([*base, "--runs", *runs, *extra]) != 0:
+                raise SystemExit(f"error: evaluation on {dataset} failed (see above)")
 
 
 # ------------------------------------------------------------------------------------------------------ README
@@ -194,8 +256,9 @@ def _train_stats(plan: Plan) -> dict[str, dict[str, float]]:
     """model → mean training tokens/s and wall seconds over its finished runs, mean CPU seconds over the runs that
     recorded them (metrics.jsonl, wall.json), and the counts."""
     acc: dict[str, list[tuple[float, float, float | None]]] = {}
-    for dataset, model, seed in plan.trainings():
-        run_dir = plan.run_dir(dataset, model, seed)
+    for dataset, variant, seed in plan.trainings():
+        run_dir = plan.run_dir(dataset, variant, seed)
+        model = variant.name
         try:
             last = json.loads((run_dir / "metrics.jsonl").read_text().strip().splitlines()[-1])
             wall = json.loads((run_dir / "wall.json").read_text())
@@ -347,8 +410,10 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
         "|---|---|---:|---:|---:|---:|",
     ]
     reference = counts.get("regular_gpt", next(iter(counts.values())))
-    for model, n in counts.items():
-        label = model_label(load_config(ROOT / "configs" / "tiny" / f"{model}.json").model)
+    for variant in plan.models:
+        model, n = variant.name, counts[variant.name]
+        label = model_label(load_config(ROOT / "configs" / "tiny" / f"{variant.config}.json", list(variant.sets)).model)
+        label += "".join(f" {item.split('.', 1)[1]}" for item in variant.sets)
         s = stats.get(model)
         speed = f"{s['tokens_per_s']:,.0f}" if s else "—"
         wall = f"{s['wall_s']:.0f} / " + ("—" if math.isnan(s["cpu_s"]) else f"{s['cpu_s']:.0f}") if s else "—"
@@ -419,13 +484,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--demo", action="store_true", help="the small version: python-stdlib, 1 seed, RegularGPT + ALiBi "
                                                        "+ KERPLE-log + NoPE, 200 steps, up to 16× (out results/demo/lm)")
-    p.add_argument("--out", help="output folder (default results/lm_cpu, or results/demo/lm with --demo)")
+    p.add_argument("--study", choices=sorted(STUDIES), default="v1",
+                   help="which study: v1 (results/lm_cpu, superseded) or v2 (results/lm_cpu_v2: 1.2M tokens per run, "
+                        "the RegularGPT knob ablation, depth policies); default v1")
+    p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
     p.add_argument("--steps", type=int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
     p.add_argument("--eval-tokens", type=int, help="tokens scored per length (default 16384; demo 8192)")
     p.add_argument("--memory-gb", type=float, default=4.0, help="evaluation memory budget (default 4)")
     p.add_argument("--report-only", action="store_true", help="only rewrite OUT/README.md from existing results")
     args = p.parse_args(argv)
-    plan = DEMO if args.demo else FULL
+    plan = DEMO if args.demo else STUDIES[args.study]
     if args.out:
         plan.out = Path(args.out).resolve()
     if args.steps:
@@ -440,7 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     if not args.report_only:
         prepare_data(plan)
-        failed = train_all(plan)
+
+        def evaluate_and_report() -> None:
+            evaluate_all(plan, args.memory_gb)
+            write_readme(plan, counts, command, [], started)
+
+        failed = train_all(plan, evaluate_and_report)
         evaluate_all(plan, args.memory_gb)
     write_readme(plan, counts, command, failed, None if args.report_only else started)
     return 1 if failed else 0
