@@ -66,8 +66,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, args.configs)
-    paths = write_tables(args.runs, profile.name, args.out_dir, tasks=profile.tasks, models=profile.models,
-                         table2_task=profile.table2_task, table2_p_one=profile.table2_p_one,
+    specs = plan_runs(profile, args.runs, configs_dir=args.configs)
+    paths = write_tables(args.runs, profile, args.out_dir, specs=specs,
                          command=["python", "eval/formal.py", *sys.argv[1:]])
     print("\n".join(str(p) for p in paths))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from helpers import formal_losses as losses
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import ConfigError, load_config_dict
 from regulargpt.evaluation.formal import parse_lengths, range_evaluate, range_score, read_rows
-from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
+from regulargpt.evaluation.formal_sweep import Profile, load_profile, plan_runs, run_sweep
 from regulargpt.evaluation.formal_tables import collect_runs, table1, table2, write_tables
 from regulargpt.model import build_model
 from regulargpt.tasks import make_task
@@ -140,11 +140,51 @@ def test_aggregation_on_hand_made_runs(tmp_path: Path) -> None:
     assert t2["train_lengths"]["regular_gpt_c2"]["0.1"]["max"] == pytest.approx(0.9)
     assert t2["extrapolation"]["regular_gpt_c2"]["0.5"]["max"] == pytest.approx(1.0)  # P = 0.5 is range.jsonl
 
-    paths = write_tables(runs, "quick", tmp_path, tasks=["parity_check"], models=["regular_gpt_c2", "lstm"],
-                         table2_task="parity_check", table2_p_one=[0.1, 0.5], command=["eval/formal.py", "aggregate"])
+    profile = Profile(name="quick", description="", tasks=["parity_check", "even_pairs"],
+                      models=["regular_gpt_c2", "lstm"], seeds=[0, 1], table2_task="parity_check",
+                      table2_p_one=[0.1, 0.5], sections={"First": ["parity_check"], "Second": ["even_pairs"]})
+    paths = write_tables(runs, profile, tmp_path, command=["eval/formal.py", "aggregate"])
     text = (tmp_path / "table1_quick.md").read_text()
     assert len(paths) == 4 and "1.000 / 0.800 (2)" in text and "7..12" in text and "Commit:" in text
+    assert "### First" in text and "### Second" not in text  # a section without finished or planned runs is left out
     assert json.loads((tmp_path / "table2_quick.json").read_text())["table"] == json.loads(json.dumps(t2))
+
+
+def test_tables_say_which_planned_cells_are_still_running(tmp_path: Path) -> None:
+    """With the profile's planned runs, every planned cell is shown with how many of its runs have finished, and a
+    finished run made with another recipe is not counted (listed as stale)."""
+    runs = tmp_path / "runs"
+    _fake_run(runs, "regular_gpt_c2", 0, {None: 1.0})
+    _fake_run(runs, "lstm", 0, {None: 0.7})
+    profile = Profile(name="quick", description="", tasks=["parity_check", "even_pairs"],
+                      models=["regular_gpt_c2", "lstm"], seeds=[0, 1], table2_task="parity_check",
+                      sections={"First": ["parity_check"], "Second": ["even_pairs"]})
+    recipe = collect_runs(runs, "quick")[0][0].recipe
+    specs = [SimpleNamespace(task_id=t, model=m, recipe=recipe if m == "regular_gpt_c2" else "another")
+             for t in profile.tasks for m in profile.models for _ in (0, 1)]
+    write_tables(runs, profile, tmp_path, specs=specs, command=["x"])  # type: ignore[arg-type]
+    text = (tmp_path / "table1_quick.md").read_text()
+    assert "1.000 / 1.000 (1 of 2; rest pending)" in text
+    assert "pending (0 of 2)" in text and "### Second" in text
+    assert "lstm/seed0_lr0.01 (stale" in text
+    cell = json.loads((tmp_path / "table1_quick.json").read_text())["table"]["parity_check"]["regular_gpt_c2"]
+    assert cell["recipes"] == [recipe] and cell["expected"] == 2 and cell["n"] == 1
+
+
+@pytest.mark.parametrize("table", sorted((Path(__file__).resolve().parents[1] / "results" / "formal").glob(
+    "table1_*.json")), ids=lambda p: p.name)
+def test_committed_tables_match_what_their_profile_runs(table: Path) -> None:
+    """A committed Table 1 was made with the recipes its profile plans today; a change to a config, a profile or
+    an init default that changes what a run trains makes this fail until the table is regenerated."""
+    payload = json.loads(table.read_text())
+    profile = load_profile(payload["profile"], CONFIGS)
+    planned: dict[tuple[str, str], set[str]] = {}
+    for spec in plan_runs(profile, "unused", configs_dir=CONFIGS):
+        planned.setdefault((spec.task_id, spec.model), set()).add(spec.recipe)
+    for task, row in payload["table"].items():
+        for model, cell in row.items():
+            stale = set(cell.get("recipes", ["(none recorded)"])) - planned.get((task, model), set())
+            assert not stale, f"{table.name}: {task}/{model} was made with recipe(s) {sorted(stale)}; rerun the sweep"
 
 
 def test_sweep_skips_finished_runs(tmp_path: Path) -> None:

@@ -220,3 +220,30 @@ def test_impossible_model_combinations_are_config_errors():
         build_model(_cfg("regular_gpt", chunk_size=1))
     with pytest.raises(ConfigError, match="position"):
         build_model(_cfg("lstm", "alibi", head="classifier", num_classes=2))
+
+
+@pytest.mark.parametrize("position", ["xl_relative", "alibi", "t5", "kerple_log", "kerple_power", "rope", "none",
+                                      "sinusoidal", "learned"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_transformer_classifier_computes_only_the_last_row_of_its_last_layer(position: str, norm: str) -> None:
+    """The classifier's last layer runs one query row; its output equals the last row of the full encoder (fp64)."""
+    from regulargpt.model import TransformerClassifier
+
+    cfg = ModelConfig(architecture="transformer", head="classifier", num_classes=3, vocab_size=7, d_model=16,
+                      n_heads=2, n_layers=3, position=position, max_positions=64, norm=norm)
+    torch.manual_seed(0)
+    model = TransformerClassifier(cfg).double().eval()
+    tokens = torch.randint(0, 7, (3, 23))
+    full = model.head(model.encode(tokens)[:, -1])
+    torch.testing.assert_close(model(tokens), full, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tq", [1, 5, 17])
+def test_causal_attention_for_the_last_query_rows(tq: int) -> None:
+    from regulargpt.model import AlibiBias, causal_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 17, 8, dtype=torch.float64) for _ in range(3))
+    for bias in (None, AlibiBias(4)):
+        full = causal_attention(q, k, v, bias)
+        torch.testing.assert_close(causal_attention(q[:, :, -tq:], k, v, bias, memory_mb=1), full[:, :, -tq:])

@@ -9,7 +9,8 @@ A *profile* (``configs/formal/profiles/<name>.json``) says what a sweep runs and
      "lrs": {"*/*": [0.001]},                 # "task/model" glob -> lr grid; last match wins; none: the config's lr
      "overrides": {"*/*": {"train": {"steps": 2000}}, "parity_check/*": {"train": {"steps": 4000}}},
      "eval_lengths": "1-40,41-500:20",        # parse_lengths spec; "" = every length 1..eval.max_length
-     "table2_task": "parity_check", "table2_p_one": [0.1, 0.3, 0.5, 0.7, 0.9]}
+     "table2_task": "parity_check", "table2_p_one": [0.1, 0.3, 0.5, 0.7, 0.9],
+     "sections": {"Deletang et al. (2023) tasks": ["even_pairs", ...], ...}}   # optional Table 1 sections
 
 One run's config = task config ← model preset ← every matching ``overrides`` entry (in file order) ← ``--set``
 overrides ← ``train.seed`` and ``train.lr`` of the grid point. It lives in ``OUT/<task>/<model>/seed<S>_lr<LR>/``
@@ -67,6 +68,7 @@ __all__ = [
     "is_finished",
     "load_profile",
     "plan_runs",
+    "recipe_id",
     "run_sweep",
 ]
 
@@ -88,6 +90,7 @@ class Profile:
     eval_lengths: str = ""
     table2_task: str = "parity_check"
     table2_p_one: list[float] = field(default_factory=list)
+    sections: dict[str, list[str]] = field(default_factory=dict)  # Table 1 sections: title -> tasks (in order)
 
 
 def _names(folder: Path) -> str:
@@ -135,6 +138,22 @@ class RunSpec:
     @property
     def name(self) -> str:
         return f"{self.task_id}/{self.model}/seed{self.seed}_lr{self.lr:g}"
+
+    @property
+    def recipe(self) -> str:
+        """:func:`recipe_id` of this grid point's config."""
+        return recipe_id(self.cfg)
+
+
+def recipe_id(cfg: Config) -> str:
+    """A short hash of what a run trains and how, without its seed and bookkeeping (logging, checkpoint cadence):
+    tables record it per cell so that a committed table made with another recipe is detected as stale."""
+    import hashlib
+
+    d = config_to_dict(cfg)
+    d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "log_every", "save_every", "keep_last")}
+    d.pop("logging", None)
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _overlay(raw: dict[str, Any], delta: dict[str, Any], where: str) -> None:

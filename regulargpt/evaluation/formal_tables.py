@@ -27,7 +27,7 @@ import torch
 
 from regulargpt.config import Config, load_config_dict
 from regulargpt.evaluation.formal import range_score, read_rows
-from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE
+from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE, Profile, RunSpec, recipe_id
 from regulargpt.io import atomic_write_text
 from regulargpt.train.formal import CONFIG_FILE, MODEL_FILE
 
@@ -46,6 +46,10 @@ class FinishedRun:
     evals: dict[float | None, dict[int, dict[str, float]]]  # P(1) (None = training options) -> rows by length
     meta: dict[str, Any]  # from model.pt: step, train_seconds, ...
     parameters: int
+
+    @property
+    def recipe(self) -> str:
+        return recipe_id(self.cfg)
 
     @property
     def score(self) -> float:
@@ -91,14 +95,22 @@ def _ordered(values: list[str], preferred: list[str]) -> list[str]:
     return [v for v in preferred if v in values] + sorted(set(values) - set(preferred))
 
 
-def table1(runs: list[FinishedRun], tasks: list[str], models: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """{task: {model: {"max", "mean", "n", "scores"}}} over the runs of each (task, model)."""
+def table1(runs: list[FinishedRun], tasks: list[str], models: list[str],
+           expected: dict[tuple[str, str], int] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """{task: {model: {"max", "mean", "n", "scores", "recipes", "expected"}}} over the finished runs of each
+    (task, model); with `expected` (runs the profile plans per cell) every planned cell appears, n = 0 while none
+    has finished."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for task in _ordered([r.task_id for r in runs], tasks):
-        for model in _ordered([r.model for r in runs], models):
-            scores = [r.score for r in runs if r.task_id == task and r.model == model]
-            if scores:
-                out.setdefault(task, {})[model] = _cell(scores)
+    expected = expected or {}
+    for task in _ordered([r.task_id for r in runs] + [t for t, _ in expected], tasks):
+        for model in _ordered([r.model for r in runs] + [m for _, m in expected], models):
+            mine = [r for r in runs if r.task_id == task and r.model == model]
+            if not mine and (task, model) not in expected:
+                continue
+            cell = _cell([r.score for r in mine]) if mine else {"max": None, "mean": None, "n": 0, "scores": []}
+            cell["recipes"] = sorted({r.recipe for r in mine})
+            cell["expected"] = expected.get((task, model), len(mine))
+            out.setdefault(task, {})[model] = cell
     return out
 
 
@@ -178,7 +190,14 @@ def _header(title: str, prov: dict[str, str], profile: str, pending: list[str]) 
 
 
 def _fmt(cell: dict[str, Any] | None) -> str:
-    return "–" if cell is None else f"{cell['max']:.3f} / {cell['mean']:.3f} ({cell['n']})"
+    """``max / mean (n)``; a cell with runs still to come says so: ``… (2 of 3; 1 running)`` or ``pending (0 of 3)``."""
+    if cell is None:
+        return "–"
+    expected = cell.get("expected", cell["n"])
+    if cell["n"] == 0:
+        return f"pending (0 of {expected})"
+    text = f"{cell['max']:.3f} / {cell['mean']:.3f}"
+    return f"{text} ({cell['n']})" if cell["n"] >= expected else f"{text} ({cell['n']} of {expected}; rest pending)"
 
 
 def _protocol_lines(proto: dict[str, Any]) -> list[str]:
@@ -193,22 +212,45 @@ def _protocol_lines(proto: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def write_tables(runs_dir: str | Path, profile_name: str, out_dir: str | Path, *, tasks: list[str], models: list[str],
-                 table2_task: str, table2_p_one: list[float], command: list[str] | None = None) -> list[Path]:
-    """Write table1_<profile>.md/.json and table2_<profile>.md/.json; returns the paths written."""
+def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *, specs: list[RunSpec] | None = None,
+                 command: list[str] | None = None) -> list[Path]:
+    """Write table1_<profile>.md/.json and table2_<profile>.md/.json; returns the paths written.
+
+    `specs` (the profile's planned runs) make every planned cell appear, with how many of its runs are finished;
+    only finished runs whose recipe is one the profile plans are counted (others are listed as stale)."""
+    profile_name, tasks, models = profile.name, profile.tasks, profile.models
+    table2_task, table2_p_one = profile.table2_task, profile.table2_p_one
     runs, pending = collect_runs(runs_dir, profile_name)
+    expected: dict[tuple[str, str], int] = {}
+    planned: dict[tuple[str, str], set[str]] = {}
+    for spec in specs or []:
+        expected[(spec.task_id, spec.model)] = expected.get((spec.task_id, spec.model), 0) + 1
+        planned.setdefault((spec.task_id, spec.model), set()).add(spec.recipe)
+    stale = [r for r in runs if specs is not None and r.recipe not in planned.get((r.task_id, r.model), set())]
+    runs = [r for r in runs if all(r is not x for x in stale)]
+    pending += [f"{r.task_id}/{r.model}/seed{r.seed}_lr{r.lr:g} (stale: trained with another recipe)" for r in stale]
     prov = provenance(command or sys.argv)
     out_dir = Path(out_dir)
-    t1, proto, settings = table1(runs, tasks, models), _protocol(runs), _settings(runs)
+    t1, proto, settings = table1(runs, tasks, models, expected), _protocol(runs), _settings(runs)
     task_order = _ordered([s["task"] for s in settings], tasks)
     model_order = _ordered([s["model"] for s in settings], models)
     settings.sort(key=lambda s: (task_order.index(s["task"]), model_order.index(s["model"])))
     cols = _ordered(sorted({m for row in t1.values() for m in row}), models)
     md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending)
     md += _protocol_lines(proto)
-    md += ["Cells: max / mean over seeds × learning rates of the score (number of runs).", "",
-           "| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    md += [f"| {task} | " + " | ".join(_fmt(row.get(m)) for m in cols) + " |" for task, row in t1.items()]
+    md += ["Cells: max / mean over seeds × learning rates of the score (number of finished runs; a cell whose "
+           "runs are not all finished says how many of the planned runs it holds)."]
+    sections = profile.sections or {"": list(t1)}
+    rest = [t for t in t1 if not any(t in members for members in sections.values())]
+    if rest:
+        sections = {**sections, "Other tasks": rest}
+    for title, members in sections.items():
+        rows = [t for t in members if t in t1]
+        if not rows:
+            continue
+        md += [""] + ([f"### {title}", ""] if title else [])
+        md += ["| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        md += [f"| {task} | " + " | ".join(_fmt(t1[task].get(m)) for m in cols) + " |" for task in rows]
     md += ["", "Run settings:", "",
            "| task | model | steps | lrs | seeds | d_model | parameters | mean training wall s |",
            "|---|---|---|---|---|---|---|---|"]
@@ -218,7 +260,7 @@ def write_tables(runs_dir: str | Path, profile_name: str, out_dir: str | Path, *
     written = []
     stem = out_dir / f"table1_{profile_name}"
     payload = {"provenance": prov, "profile": profile_name, "protocol": proto, "pending": pending,
-               "settings": settings, "table": t1}
+               "settings": settings, "sections": profile.sections, "table": t1}
     written += _write(stem, "\n".join(md) + "\n", payload)
 
     t2 = table2(runs, table2_task, table2_p_one, models)

@@ -28,25 +28,30 @@ def query_chunk_size(batch: int, heads: int, length: int, memory_mb: int) -> int
     return max(1, min(length, (memory_mb << 20) // max(per_row, 1)))
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | None = None, memory_mb: int = 256,
-                     offset: int = 0) -> Tensor:
-    """Causal attention over (B, H, T, Dh) inputs; `bias` maps positions to an (H, Tq, Tk) additive fp32 bias.
-
-    `offset` shifts absolute positions (the first query is position `offset`); biases only see differences.
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | None = None, memory_mb: int = 256) -> Tensor:
+    """Causal attention; k, v: (B, H, Tk, Dh), q: (B, H, Tq, Dh) for the LAST Tq positions (Tq = Tk: every
+    position; Tq = 1: only the last, which sees every key). `bias` maps positions to an (H, Tq, Tk) fp32 bias.
     """
-    b, h, t, dh = q.shape
+    b, h, tq, dh = q.shape
+    tk = k.shape[2]
+    first = tk - tq  # absolute position of the first query
     if bias is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if tq == tk:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        visible = torch.arange(tk, device=q.device)[None, :] <= torch.arange(first, tk, device=q.device)[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
     sdt = torch.promote_types(q.dtype, torch.float32)
     scale = 1.0 / math.sqrt(dh)
-    chunk = query_chunk_size(b, h, t, memory_mb)
-    positions = torch.arange(offset, offset + t, device=q.device)
+    chunk = query_chunk_size(b, h, tk, memory_mb)
+    positions = torch.arange(tk, device=q.device)
     outs = []
-    for start in range(0, t, chunk):
-        end = min(t, start + chunk)
-        scores = torch.matmul(q[:, :, start:end], k[:, :, :end].transpose(-1, -2)).to(sdt) * scale  # (B, H, c, end)
-        scores = scores + bias(positions[start:end], positions[:end]).to(sdt)[None]
-        future = positions[:end][None, :] > positions[start:end][:, None]  # (c, end)
+    for start in range(0, tq, chunk):
+        stop = min(tq, start + chunk)
+        end = first + stop  # keys 0..end−1 are visible to this chunk's last query
+        query_pos = positions[first + start:end]
+        scores = torch.matmul(q[:, :, start:stop], k[:, :, :end].transpose(-1, -2)).to(sdt) * scale  # (B, H, c, end)
+        scores = scores + bias(query_pos, positions[:end]).to(sdt)[None]
+        future = positions[:end][None, :] > query_pos[:, None]  # (c, end)
         probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(v.dtype)
         outs.append(torch.matmul(probs, v[:, :, :end]))  # (B, H, c, Dh)
     return torch.cat(outs, dim=2)

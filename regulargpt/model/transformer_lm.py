@@ -58,20 +58,23 @@ class _DenseTransformer(nn.Module):
         if self.xl is not None:
             return self.xl(q, k, v, self.config.attention_memory_mb)
         if self.rotary is not None:
-            positions = torch.arange(q.shape[2], device=q.device)
-            q, k = self.rotary(q, positions), self.rotary(k, positions)
+            t, tq = k.shape[2], q.shape[2]  # queries are the last tq positions
+            q = self.rotary(q, torch.arange(t - tq, t, device=q.device))
+            k = self.rotary(k, torch.arange(t, device=k.device))
         return causal_attention(q, k, v, self.bias, self.config.attention_memory_mb)
 
-    def encode(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) → final hidden states (B, T, d), before the head."""
+    def encode(self, tokens: Tensor, last_only: bool = False) -> Tensor:
+        """tokens (B, T) → final hidden states (B, T, d), before the head; with `last_only`, (B, 1, d) for the last
+        position, whose last layer then computes one query row (the other rows of that layer are never read)."""
         t = tokens.shape[1]
         x = self.embed(tokens)
         if self.config.position == "sinusoidal":
             x = x + sinusoidal_table(torch.arange(t, device=tokens.device), self.config.d_model).to(x.dtype)
         elif self.learned_positions is not None:
             x = x + self.learned_positions(t).to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, self._attend)
+        for i, layer in enumerate(self.layers):
+            last = last_only and i == len(self.layers) - 1
+            x = layer(x, self._attend, slice(t - 1, None) if last else None)
         return x
 
     def num_parameters(self) -> int:
@@ -105,4 +108,4 @@ class TransformerClassifier(_DenseTransformer):
         super().__init__(cfg, cfg.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return self.head(self.encode(tokens)[:, -1])
+        return self.head(self.encode(tokens, last_only=True)[:, -1])

@@ -36,8 +36,11 @@ class XLRelativeAttention(nn.Module):
         return self.proj(table.to(self.proj.weight.dtype)).view(length, self.n_heads, -1).transpose(0, 1)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, memory_mb: int = 256) -> Tensor:
-        """Causal attention with XL relative logits; q, k, v: (B, H, T, Dh) → (B, H, T, Dh)."""
-        b, h, t, dh = q.shape
+        """Causal attention with XL relative logits; k, v: (B, H, T, Dh), q: (B, H, Tq, Dh) for the last Tq
+        positions (Tq = T: every position; Tq = 1: the last only) → (B, H, Tq, Dh)."""
+        b, h, tq, dh = q.shape
+        t = k.shape[2]
+        first = t - tq
         sdt = torch.promote_types(q.dtype, torch.float32)
         rel = self.relative_keys(t, q.device).to(q.dtype)  # (H, T, Dh)
         u = self.u.to(q.dtype)[None, :, None, :]
@@ -45,15 +48,17 @@ class XLRelativeAttention(nn.Module):
         chunk = query_chunk_size(b, h, t, memory_mb)
         positions = torch.arange(t, device=q.device)
         outs = []
-        for start in range(0, t, chunk):
-            end = min(t, start + chunk)
-            qc = q[:, :, start:end]
+        for start in range(0, tq, chunk):
+            stop = min(tq, start + chunk)
+            end = first + stop
+            query_pos = positions[first + start:end]
+            qc = q[:, :, start:stop]
             content = torch.matmul(qc + u, k[:, :, :end].transpose(-1, -2))  # (B, H, c, end)
             by_distance = torch.matmul(qc + w, rel[:, :end].transpose(-1, -2))  # (B, H, c, Δ = 0..end−1)
-            distance = (positions[start:end, None] - positions[None, :end]).clamp(min=0)  # (c, end)
+            distance = (query_pos[:, None] - positions[None, :end]).clamp(min=0)  # (c, end)
             position_term = by_distance.gather(-1, distance.expand(b, h, -1, -1))
             scores = (content + position_term).to(sdt) / math.sqrt(dh)
-            future = positions[None, :end] > positions[start:end, None]
+            future = positions[None, :end] > query_pos[:, None]
             probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(v.dtype)
             outs.append(torch.matmul(probs, v[:, :, :end]))
         return torch.cat(outs, dim=2)
