@@ -86,6 +86,11 @@ class Plan:
     def train_tokens(self) -> int:
         return self.steps * self.batch_size * TRAIN_LENGTH
 
+    @property
+    def is_ablation(self) -> bool:
+        """A study with RegularGPT variants scored under several depth policies (v2)."""
+        return any(m.depth_policies for m in self.models)
+
     def trainings(self) -> list[tuple[str, Variant, int]]:
         """(dataset, variant, seed), seed-major within each dataset so that every row gets its first seed first."""
         return [(d, m, s) for d in self.datasets for s in self.seeds[d] for m in self.models
@@ -330,6 +335,27 @@ def _findings(group: dict, chunk_size: int) -> list[str]:
     return out
 
 
+def _what_we_found(plan: Plan) -> list[str]:
+    """Per dataset: every (variant, depth policy) at 1× and the longest length, the study's two questions answered,
+    and each knob's paired effect (regulargpt.evaluation.lm_findings), from the nonoverlapping results."""
+    from regulargpt.evaluation.lm_findings import findings_markdown
+
+    lines = [f"Variants (`{_rel(plan.out)}/runs/<dataset>/<variant>-seed<k>`): "
+             + "; ".join(f"**{m.name}** = `configs/tiny/{m.config}.json`"
+                         + (" with " + ", ".join(f"`{x}`" for x in m.sets) if m.sets else "")
+                         + (f" (scored also with depth policies {', '.join(m.depth_policies)})" if m.depth_policies
+                            else "")
+                         + (f" (trained on {', '.join(m.datasets)} only)" if m.datasets else "")
+                         for m in plan.models) + ".", ""]
+    for dataset in plan.datasets:
+        path = plan.out / dataset / "results.jsonl"
+        lines += [f"### {dataset}", ""]
+        lines += findings_markdown(load_rows(path), dataset, TRAIN_LENGTH, plan.lengths[-1]) if path.is_file() \
+            else ["not evaluated yet"]
+        lines.append("")
+    return lines
+
+
 def _summary(plan: Plan) -> list[str]:
     """One computed line per dataset: RegularGPT's rank at 1× and at the longest length, and its growth vs the best."""
     out = []
@@ -391,7 +417,9 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
     dense = load_config(ROOT / "configs" / "tiny" / "alibi.json").model
     overrides = " ".join("--set " + o for o in train_overrides(plan, "<dataset>", 0)).replace("seed=0", "seed=<k>")
     seeds = "; ".join(f"{d} {list(s)}" for d, s in plan.seeds.items())
-    lines += ["", "## Summary", ""] + _summary(plan) + [
+    lines += ["", "## What we found" if plan.is_ablation else "## Summary", ""]
+    lines += _what_we_found(plan) if plan.is_ablation else _summary(plan)
+    lines += [
         "", "## Setup", "",
         (f"- Data: {', '.join(plan.datasets)}, each built with `python data_prep/prepare.py --source <dataset> "
          f"--out {_rel(plan.data_root)}/<dataset> --vocab-size {VOCAB} --max-bytes {plan.max_bytes} --num-proc 1` "
@@ -432,7 +460,8 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
             plots = (f"Plots: [{ds}/ppl_vs_length.png]({ds}/ppl_vs_length.png), "
                      f"[{ds}/loss_vs_position.png]({ds}/loss_vs_position.png).")
             lines += [f"### {ds} ({split} split, {protocol})", "", markdown_table(group), "", plots, ""]
-            lines += [f"- {s}" for s in _findings(group, rg.chunk_size)] + [""]
+            if not plan.is_ablation:  # v1's per-table sentences assume one RegularGPT row
+                lines += [f"- {s}" for s in _findings(group, rg.chunk_size)] + [""]
     lines += ["## Discussion", "", discussion(plan, stats)]
     atomic_write_text(plan.out / "README.md", "\n".join(lines).rstrip() + "\n")
     print(f"wrote {_rel(plan.out / 'README.md')}", flush=True)

@@ -1,0 +1,150 @@
+"""The "What we found" section of a length-extrapolation study, computed from its result rows only.
+
+A study names its runs ``<out>/runs/<dataset>/<variant>-seed<k>`` (eval/lm_comparison.py); a result row's ``run``
+gives the variant and seed, its ``depth_policy`` the evaluation-time depth policy (None: the model's own, which is
+``adaptive`` for every study variant). For one dataset and protocol this module computes, per (variant, policy):
+
+* ppl at 1× (the training length) and at the longest length, mean ± sample std over seeds;
+* the extrapolation ratio ppl(longest) / ppl(1×), per seed, then mean ± std;
+* the gap to a reference model (ALiBi) at 1×: mean over seeds of ppl / ppl_ref − 1, paired by seed;
+
+and, for every variant against a base variant (the paper's settings) at the same policy, the paired per-seed
+change of ppl at 1× and at the longest length. Worked example: seeds 0, 1 with ppl(1×) 100, 110 for the base and
+95, 104 for a variant → changes −5.0% and −5.5% → "−5.2% ± 0.4".
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from regulargpt.evaluation.lm_report import latest_rows
+
+__all__ = ["Summary", "summarise", "findings_markdown", "run_name"]
+
+_RUN = re.compile(r"(?:^|/)runs/(?P<dataset>[^/]+)/(?P<variant>.+)-seed(?P<seed>\d+)/?$")
+
+
+def run_name(run: str) -> tuple[str, int] | None:
+    """(variant, seed) of a study run path ``…/runs/<dataset>/<variant>-seed<k>``, else None.
+
+    >>> run_name("results/lm_cpu_v2/runs/python-stdlib/rg_c8-seed2")
+    ('rg_c8', 2)
+    """
+    match = _RUN.search(run)
+    return (match["variant"], int(match["seed"])) if match else None
+
+
+@dataclass
+class Summary:
+    """One (variant, depth policy) of a study on one dataset: per-seed ppl by length."""
+
+    variant: str
+    policy: str
+    ppl: dict[int, dict[int, float]]  # length -> seed -> ppl
+
+    def at(self, length: int) -> list[float]:
+        return list(self.ppl.get(length, {}).values())
+
+    def ratio(self, short: int, long: int) -> list[float]:
+        """ppl(long) / ppl(short) for each seed that has both."""
+        a, b = self.ppl.get(short, {}), self.ppl.get(long, {})
+        return [b[s] / a[s] for s in sorted(set(a) & set(b))]
+
+    def paired(self, other: Summary, length: int) -> list[float]:
+        """ppl / ppl_other − 1 at `length`, for each seed both have."""
+        a, b = self.ppl.get(length, {}), other.ppl.get(length, {})
+        return [a[s] / b[s] - 1 for s in sorted(set(a) & set(b))]
+
+
+def summarise(rows: Sequence[dict[str, Any]], dataset: str, protocol: str = "nonoverlapping") -> dict[tuple[str, str],
+                                                                                                      Summary]:
+    """(variant, policy) → Summary over the latest completed rows of one dataset and protocol."""
+    out: dict[tuple[str, str], Summary] = {}
+    for row in latest_rows(rows):
+        named = run_name(row["run"])
+        if row["dataset"] != dataset or row["protocol"] != protocol or row.get("skipped") or named is None:
+            continue
+        variant, seed = named
+        policy = row.get("depth_policy") or (row.get("variant_config") or {}).get("model.depth_policy") or "adaptive"
+        key = (variant, policy)
+        out.setdefault(key, Summary(variant, policy, defaultdict(dict))).ppl[row["length"]][seed] = row["ppl"]
+    return out
+
+
+def _ms(values: list[float], pct: bool = False, digits: int = 2) -> str:
+    if not values:
+        return "—"
+    scale, unit = (100.0, "%") if pct else (1.0, "")
+    mean = float(np.mean(values)) * scale
+    sign = "+" if pct and mean > 0 else ""
+    if len(values) < 2:
+        return f"{sign}{mean:.{digits}f}{unit}"
+    return f"{sign}{mean:.{digits}f}{unit} ± {float(np.std(values, ddof=1)) * scale:.{digits}f}"
+
+
+def findings_markdown(rows: Sequence[dict[str, Any]], dataset: str, train_length: int, longest: int,
+                      reference: str = "alibi", base: str = "regular_gpt", flat: float = 1.00,
+                      close: float = 0.10) -> list[str]:
+    """Markdown lines: the per-(variant, policy) table and the two questions of the study, answered with numbers:
+    (a) does any RegularGPT variant extrapolate flat (mean ppl(longest)/ppl(1×) <= `flat`)? (b) is any within
+    `close` of the reference's ppl at 1×? Then each knob's paired effect against `base` at the same policy."""
+    table = summarise(rows, dataset)
+    if not table:
+        return [f"No finished {dataset} runs yet."]
+    ref = table.get((reference, "adaptive"))
+    multiple = longest // train_length
+    lines = [f"| variant | depth policy | seeds | ppl at 1× ({train_length}) | ppl at {multiple}× ({longest}) | "
+             f"ppl {multiple}× / 1× | vs {reference} at 1× (paired) |", "|---|---|---:|---:|---:|---:|---:|"]
+    order = sorted(table, key=lambda k: (k[0] != reference, not k[0].startswith(("regular", "rg")), k[0], k[1]))
+    for key in order:
+        s = table[key]
+        seeds = len(s.at(train_length))
+        vs = _ms(s.paired(ref, train_length), pct=True, digits=1) if ref is not None and key[0] != reference else ""
+        lines.append(f"| {s.variant} | {s.policy} | {seeds} | {_ms(s.at(train_length))} | {_ms(s.at(longest))} | "
+                     f"{_ms(s.ratio(train_length, longest), digits=3)} | {vs} |")
+    regular = [s for (v, _), s in table.items() if v.startswith(("regular", "rg"))]
+    lines.append("")
+    flat_ones = [s for s in regular if s.ratio(train_length, longest)
+                 and float(np.mean(s.ratio(train_length, longest))) <= flat]
+    lines.append(f"- **(a) Flat to {multiple}×** (mean ppl({longest}) / ppl({train_length}) ≤ {flat:.2f}): " + (
+        ", ".join(f"{s.variant} / {s.policy} ({float(np.mean(s.ratio(train_length, longest))):.3f})"
+                  for s in sorted(flat_ones, key=lambda s: float(np.mean(s.ratio(train_length, longest)))))
+        if flat_ones else "no RegularGPT variant."))
+    if ref is not None:
+        near = [s for s in regular if s.paired(ref, train_length) and float(np.mean(s.paired(ref, train_length))) <= close]
+        gaps = sorted(regular, key=lambda s: float(np.mean(s.paired(ref, train_length) or [np.inf])))
+        best = gaps[0] if gaps and gaps[0].paired(ref, train_length) else None
+        lines.append(f"- **(b) Within {close:.0%} of {reference} at 1×**: " + (
+            ", ".join(f"{s.variant} / {s.policy} ({_ms(s.paired(ref, train_length), pct=True, digits=1)})" for s in near)
+            if near else "no RegularGPT variant" + (
+                f"; the closest is {best.variant} / {best.policy} at "
+                f"{_ms(best.paired(ref, train_length), pct=True, digits=1)}" if best else "") + "."))
+        both = [s for s in flat_ones if s in near]
+        lines.append("- **Both at once**: " + (", ".join(f"{s.variant} / {s.policy}" for s in both) if both
+                                               else "none."))
+    base_rows = {p: s for (v, p), s in table.items() if v == base}
+    effects = []
+    for (v, p), s in sorted(table.items()):
+        if v == base or not v.startswith(("regular", "rg")) or p not in base_rows:
+            continue
+        b = base_rows[p]
+        effects.append(f"| {v} | {p} | {_ms(s.paired(b, train_length), pct=True, digits=1)} | "
+                       f"{_ms(s.paired(b, longest), pct=True, digits=1)} |")
+    for p in sorted(base_rows):
+        if p == "adaptive":
+            continue
+        b, own = base_rows[p], base_rows.get("adaptive")
+        if own is not None:
+            effects.append(f"| {base} (depth policy alone) | {p} vs adaptive | {_ms(b.paired(own, train_length), True, 1)} "
+                           f"| {_ms(b.paired(own, longest), True, 1)} |")
+    if effects:
+        lines += ["", f"Each knob against `{base}` (the paper's settings), paired by seed (change of ppl, mean ± std "
+                      "over seeds; negative = better):", "",
+                  f"| variant | depth policy | Δppl at 1× | Δppl at {multiple}× |", "|---|---|---:|---:|", *effects]
+    return lines
