@@ -12,6 +12,9 @@ Subcommands (each resumable; rerun the same command to continue)::
 
     # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs
     python eval/formal.py aggregate --runs results/formal/runs --profile quick
+
+    # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
+    python eval/formal.py time-to-solve --profile cpu --threads 1 --out results/formal/time_to_solve_t1.md
 """
 
 from __future__ import annotations
@@ -73,6 +76,46 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_time_to_solve(args: argparse.Namespace) -> int:
+    """Train the profile's runs of one model with a SolveCheck (training unchanged) and tabulate the first step and
+    training second at which the held-out score reached the threshold."""
+    import json
+    import shlex
+
+    from regulargpt.evaluation.lm_report import provenance
+    from regulargpt.io import atomic_write_text
+    from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
+
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, args.configs)
+    runs = Path(args.runs) / f"threads{args.threads}"
+    specs = plan_runs(profile, runs, configs_dir=args.configs, tasks=args.tasks, models=[args.model],
+                      seeds=args.seeds)
+    check = SolveCheck(every=args.every)
+    lines = ["| task | seed | solved at step | training s | score at the end | steps |", "|---|---:|---:|---:|---:|---:|"]
+    for spec in specs:
+        path = train_formal(spec.cfg, spec.run_dir, solve_check=check)
+        meta = load_model_file(path)[2]
+        checks = [json.loads(x) for x in (spec.run_dir / SOLVE_FILE).read_text().splitlines() if x.strip()]
+        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f}" if meta.get("solved_step")
+                  else "not solved | —")
+        lines.append(f"| {spec.task_id} | {spec.seed} | {solved} | {checks[-1]['score']:.3f} | {spec.cfg.train.steps} |")
+        print(lines[-1], flush=True)
+    command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    prov = provenance(command)
+    head = [f"# Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", "",
+            f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
+            f"- Date: {prov['date']}", "",
+            f"Every {check.every} steps the held-out score (mean accuracy at lengths "
+            f"{', '.join(map(str, check.lengths))}; {check.samples} fixed strings each) is measured without changing "
+            f"training; *solved* = the first check at >= {check.threshold}. Training seconds exclude the checks. "
+            f"Runs in `{runs}` (resumable).", ""]
+    if args.out:
+        atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,8 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
     p.set_defaults(func=cmd_aggregate)
 
+    p = sub.add_parser("time-to-solve", help="training seconds until the held-out score first reaches 0.99")
+    p.add_argument("--profile", default="cpu", help="profile giving each task's config (default cpu)")
+    p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
+    p.add_argument("--tasks", nargs="+", default=["parity_check", "even_pairs", "cycle_navigation"],
+                   help="tasks (default parity_check even_pairs cycle_navigation)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--every", type=int, default=100, help="steps between held-out checks (default 100)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--runs", default="runs/time_to_solve", help="runs folder (default runs/time_to_solve)")
+    p.add_argument("--out", help="markdown report, e.g. results/formal/time_to_solve_t1.md")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_time_to_solve)
+
     args = parser.parse_args(argv)
-    for flag, low in (("max_length", 0), ("samples", 0), ("threads", 1), ("workers", 1)):
+    for flag, low in (("every", 1), ("max_length", 0), ("samples", 0), ("threads", 1), ("workers", 1)):
         value = getattr(args, flag, low)  # not every subcommand has every flag
         if value < low:
             parser.error(f"--{flag.replace('_', '-')} {value}: expected an integer >= {low}")

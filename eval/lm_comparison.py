@@ -77,6 +77,7 @@ class Plan:
     data_root: Path = field(default_factory=lambda: ROOT / "data" / "lm_cpu")
     sliding_check: tuple[str, ...] = ()  # variants also scored with the sliding protocol (stride 32), seed 0
     sliding_lengths: tuple[int, ...] = (64, 256, 1024)
+    superseded_by: str = ""  # a later study that replaces this one (said at the top of its README)
 
     @property
     def lengths(self) -> list[int]:
@@ -106,7 +107,8 @@ def _plain(*names: str) -> tuple[Variant, ...]:
 
 FULL = Plan(out=ROOT / "results" / "lm_cpu", datasets=DATASETS, models=_plain(*MODELS),
             seeds={"python-stdlib": (0, 1, 2), **{d: (0,) for d in DATASETS[1:]}},
-            steps=300, batch_size=16, multiples=32, eval_tokens=16384)
+            steps=300, batch_size=16, multiples=32, eval_tokens=16384,
+            superseded_by="results/lm_cpu_v2/README.md")
 DEMO = Plan(out=ROOT / "results" / "demo" / "lm", datasets=("python-stdlib",),
             models=_plain("regular_gpt", "alibi", "kerple_log", "nope"), seeds={"python-stdlib": (0,)},
             steps=200, batch_size=16, multiples=16, eval_tokens=8192)
@@ -388,6 +390,9 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
     stats = _train_stats(plan)
     lines = [
         "# Length extrapolation at CPU scale: RegularGPT vs ALiBi, T5, KERPLE, RoPE, NoPE", "",
+        *([f"> **Superseded** by [{plan.superseded_by}](../{Path(plan.superseded_by).relative_to('results')}) "
+           "(4× the training tokens, rows keyed by run variant, the RegularGPT knob ablation). Kept for reference; "
+           "its rows merge runs by model name only.", ""] if plan.superseded_by else []),
         f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
         f"- Date: {prov['date']}",
     ]

@@ -239,3 +239,26 @@ def test_command_lines_train_and_range(tmp_path: Path, capsys: pytest.CaptureFix
                      "--out", str(out)]) == 0
     assert sorted(read_rows(out)) == [1, 2, 7, 12]
     assert "over 2 evaluated lengths in 7..12, 8 sequences" in capsys.readouterr().out
+
+
+def test_time_to_solve_check_does_not_change_training(tmp_path: Path) -> None:
+    """Dropout is on (0.1) and the check runs in eval mode in the middle of training: the losses, the final weights
+    and the data are still those of a run without the check. The check rows and model.pt's meta record the first
+    step at or above the threshold."""
+    from regulargpt.checkpoint import load_model_file
+    from regulargpt.train.formal import SOLVE_FILE, SolveCheck
+
+    cfg = tiny_cfg(steps=12, save_every=5)
+    plain = train_formal(cfg, tmp_path / "plain")
+    check = SolveCheck(every=3, lengths=(7, 12), samples=16, threshold=0.0)  # threshold 0: solved at the first check
+    checked = train_formal(cfg, tmp_path / "checked", solve_check=check)
+    assert losses(tmp_path / "plain") == losses(tmp_path / "checked")
+    a, b = load_model_file(plain)[1].state_dict(), load_model_file(checked)[1].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = [json.loads(x) for x in (tmp_path / "checked" / SOLVE_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 6, 9, 12] and all(0.0 <= r["score"] <= 1.0 for r in rows)
+    meta = load_model_file(checked)[2]
+    assert meta["solved_step"] == 3 and meta["solved_seconds"] == rows[0]["seconds"]
+    never = train_formal(cfg, tmp_path / "never", solve_check=SolveCheck(every=4, lengths=(7,), samples=8,
+                                                                         threshold=1.01))
+    assert load_model_file(never)[2]["solved_step"] is None
