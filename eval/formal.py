@@ -92,13 +92,14 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
     specs = plan_runs(profile, runs, configs_dir=args.configs, tasks=args.tasks, models=[args.model],
                       seeds=args.seeds)
     check = SolveCheck(every=args.every)
-    lines = ["| task | seed | solved at step | training s | score at the end | steps |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| task | seed | solved at step | training wall s | training CPU s | score at the end | steps |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for spec in specs:
         path = train_formal(spec.cfg, spec.run_dir, solve_check=check)
         meta = load_model_file(path)[2]
         checks = [json.loads(x) for x in (spec.run_dir / SOLVE_FILE).read_text().splitlines() if x.strip()]
-        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f}" if meta.get("solved_step")
-                  else "not solved | —")
+        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f} | {meta['solved_cpu_seconds']:.1f}"
+                  if meta.get("solved_step") else "not solved | — | —")
         lines.append(f"| {spec.task_id} | {spec.seed} | {solved} | {checks[-1]['score']:.3f} | {spec.cfg.train.steps} |")
         print(lines[-1], flush=True)
     command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -108,7 +109,8 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
             f"- Date: {prov['date']}", "",
             f"Every {check.every} steps the held-out score (mean accuracy at lengths "
             f"{', '.join(map(str, check.lengths))}; {check.samples} fixed strings each) is measured without changing "
-            f"training; *solved* = the first check at >= {check.threshold}. Training seconds exclude the checks. "
+            f"training; *solved* = the first check at >= {check.threshold}. Training seconds (wall, and CPU of the "
+            f"process: all its threads) exclude the checks; on a loaded machine wall > CPU / threads. "
             f"Runs in `{runs}` (resumable).", ""]
     if args.out:
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")

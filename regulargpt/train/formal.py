@@ -16,7 +16,8 @@ Run directory::
     DIR/ckpt.pt                model + optimizer + step + RNG states, every train.save_every steps and at the end
     DIR/ckpt.prev.pt           the checkpoint before it (each save renames ckpt.pt to this, then writes ckpt.pt)
     DIR/model.pt               the final model (regulargpt.checkpoint format), written last
-    DIR/time_to_solve.jsonl    with a :class:`SolveCheck`: {"step", "seconds", "score"} every `every` steps
+    DIR/time_to_solve.jsonl    with a :class:`SolveCheck`: {"step", "seconds", "cpu_seconds", "score"} every `every`
+                               steps (training wall and process-CPU seconds so far, checks excluded)
 
 Resume is automatic: with ``DIR/ckpt.pt`` present training continues from it, metrics rows after its step are
 dropped, and the continued run is identical to an uninterrupted one (same batches, same losses, same parameters).
@@ -59,7 +60,7 @@ __all__ = ["CKPT_FILE", "CONFIG_FILE", "METRICS_FILE", "MODEL_FILE", "SOLVE_FILE
 CKPT_FILE, MODEL_FILE, CONFIG_FILE, METRICS_FILE = "ckpt.pt", "model.pt", "config.resolved.json", "metrics.jsonl"
 SOLVE_FILE = "time_to_solve.jsonl"
 PREV_CKPT_FILE = "ckpt.prev.pt"
-_CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")
+_CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")  # + cpu_seconds (optional)
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
 _RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumption
 
@@ -222,7 +223,7 @@ def train_formal(
                                  weight_decay=tc.weight_decay)
     data_gen = torch.Generator().manual_seed(seed_stream(tc.seed, _DATA_STREAM))
     torch_rng = torch.Generator().manual_seed(seed_stream(tc.seed, _TORCH_STREAM)).get_state()
-    step, seconds, bad_steps = 0, 0.0, 0
+    step, seconds, cpu_seconds, bad_steps = 0, 0.0, 0.0, 0
     state = _load_ckpt(run_dir)
     if state is not None:
         try:
@@ -234,6 +235,7 @@ def train_formal(
         data_gen.set_state(state["data_rng"])
         torch_rng = state["torch_rng"]
         step, seconds, bad_steps = state["step"], state["seconds"], state["bad_steps"]
+        cpu_seconds = state.get("cpu_seconds", 0.0)
     _trim_metrics(run_dir / METRICS_FILE, step)
     _trim_metrics(run_dir / SOLVE_FILE, step)
     solved = next((row for row in read_jsonl(run_dir / SOLVE_FILE)
@@ -242,7 +244,8 @@ def train_formal(
     def checkpoint() -> None:
         _save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                "data_rng": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
-                               "step": step, "seconds": seconds, "bad_steps": bad_steps})
+                               "step": step, "seconds": seconds, "cpu_seconds": cpu_seconds,
+                               "bad_steps": bad_steps})
 
     model.train()
     lengths = cfg.data.max_length - cfg.data.min_length + 1
@@ -251,7 +254,7 @@ def train_formal(
     with torch.random.fork_rng(devices=[]), (run_dir / METRICS_FILE).open("a") as metrics:
         torch.set_rng_state(torch_rng)
         while step < tc.steps:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             length = cfg.data.min_length + int(torch.randint(lengths, (1,), generator=data_gen))
             inputs, labels = task.sample(tc.batch_size, length, data_gen)  # (B, T), (B,)
             logits = model(inputs)  # (B, num_classes)
@@ -275,6 +278,7 @@ def train_formal(
                           f"({bad_steps}/{tc.max_bad_steps} allowed)", file=sys.stderr)
             step += 1
             seconds += time.perf_counter() - start
+            cpu_seconds += time.process_time() - cpu_start
             acc = (logits.argmax(dim=-1) == labels).float().mean().item()
             bar.update(1)
             if step % tc.log_every == 0 or step == tc.steps:
@@ -285,7 +289,7 @@ def train_formal(
                 bar.set_postfix(loss=f"{loss.item():.4f}", acc=f"{acc:.3f}")
             if solve_check and step % solve_check.every == 0:
                 score = held_out_score(model, task, solve_check.lengths, solve_check.samples)
-                row = {"step": step, "seconds": round(seconds, 3), "score": score}
+                row = {"step": step, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), "score": score}
                 with (run_dir / SOLVE_FILE).open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 if solved is None and score >= solve_check.threshold:
@@ -297,6 +301,7 @@ def train_formal(
     meta: dict[str, Any] = {"step": step, "train_seconds": round(seconds, 3), "bad_steps": bad_steps,
                             "task": cfg.data.task}
     if solve_check:
-        meta.update(solved_step=solved and solved["step"], solved_seconds=solved and solved["seconds"])
+        meta.update(solved_step=solved and solved["step"], solved_seconds=solved and solved["seconds"],
+                    solved_cpu_seconds=solved and solved.get("cpu_seconds"))
     save_model_file(model_path, cfg, model, meta=meta)
     return model_path
