@@ -166,8 +166,10 @@ def test_pad_state_passes_through_earlier_sublayers():
     stack = model.stack
     pads = stack.pad.view(1, 1, -1).expand(1, 5, -1)
     first = stack.sublayers[0]
-    out, next_pad = first(pads, stack.pad, dilation=1)
+    kv, next_pad = first.pad_step(stack.pad)
+    out = first(pads, kv, dilation=1)
     assert torch.allclose(out, next_pad.view(1, 1, -1).expand_as(out), atol=1e-12)
+    assert torch.equal(stack.pad_states()[1][0], stack.sublayers[1].pad_step(next_pad)[0][0])
 
 
 # ---------------------------------------------------------------------------- dense baselines

@@ -67,7 +67,7 @@ def test_per_position_steps_match_the_formula(c: int, length: int, monkeypatch: 
     """Position m takes part in max(1, ceil(log_C(m+1))) depth steps: with each step replaced by "add 1", the
     final state of position m is its number of steps (hand-computed: C = 2, m = 3 → 2 steps, m = 4 → 3)."""
     model = _model(c, policy="per_position")
-    monkeypatch.setattr(model.stack, "_step", lambda x, dilation: x + 1)
+    monkeypatch.setattr(model.stack, "step", lambda x, dilation, pads=None: x + 1)
     steps = model.stack.sliding(torch.zeros(1, length, 1, dtype=torch.float64))[0, :, 0]
     expected = [1] + [next(s for s in range(1, 99) if c**s >= m + 1) for m in range(1, length)]
     assert steps.tolist() == expected

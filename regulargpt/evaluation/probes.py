@@ -61,7 +61,7 @@ def tree_spans(length: int, chunk_size: int, thickness: int) -> list[Span]:
 def tree_states(model: RegularGPTClassifier, tokens: Tensor) -> list[Tensor]:
     """tokens (B, T) → the kept hidden states after each depth step: a list of L tensors (B, n_l, d).
 
-    Runs tree mode's definition step by step with the model's own pieces: ``x ← stack._step(x, 1)`` (the K shared
+    Runs tree mode's definition step by step with the model's own pieces: ``x ← stack.step(x, 1)`` (the K shared
     sub-layers at the current resolution, pads included), then keep x[:, t−1, t−1−C, …], aligned with
     ``tree_spans(T, C, K)[l]``. (A hook on the sub-layers cannot see every step: the model's K = 1 fast path
     computes only the kept positions, inside the layer.) The last state is checked against the model's real
@@ -75,7 +75,7 @@ def tree_states(model: RegularGPTClassifier, tokens: Tensor) -> list[Tensor]:
     with torch.no_grad():
         x = model.embed(tokens)  # (B, T, d)
         for _ in range(stack.depth(tokens.shape[1])):
-            x = stack._step(x, 1)
+            x = stack.step(x, 1)
             x = x[:, (x.shape[1] - 1) % c:: c]  # keep t−1, t−1−C, …  (B, ceil(t/C), d)
             states.append(x)
         logits, expected = model.head(x[:, 0]), model(tokens)  # (B, classes) twice

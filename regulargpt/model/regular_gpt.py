@@ -84,6 +84,9 @@ def init_rel_bias(rel_bias: Tensor, scheme: str) -> None:
             raise ValueError(f"rel_bias_init: unknown scheme {scheme!r}; expected normal, zeros or recency")
 
 
+PadKV = tuple[Tensor, Tensor]  # the pad state's key and value at one sub-layer, each (1, H, Dh)
+
+
 class _SlidingDilatedLayer(nn.Module):
     """One of the K shared sub-layers: a Transformer layer plus its per-head window scalars r (H, C)."""
 
@@ -92,20 +95,23 @@ class _SlidingDilatedLayer(nn.Module):
         self.layer = TransformerLayer(cfg)
         self.rel_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.chunk_size))
 
-    def forward(self, x: Tensor, pad: Tensor | None, dilation: int) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, d); pad: (d,) pad state entering this sub-layer, or None in mask mode → (x', pad')."""
-        if pad is None:
-            return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation)), None
+    def pad_step(self, pad: Tensor) -> tuple[PadKV, Tensor]:
+        """The pad state entering this sub-layer (d,) → (its key/value here, the pad state leaving it).
+
+        Attention over identical pads returns the pad's own value, so the pad passes the layer as a length-1 sequence.
+        """
         pad_seq = pad.view(1, 1, -1)  # (1, 1, d)
         pad_k, pad_v = self.layer.key_value(pad_seq)  # (1, H, 1, Dh)
+        next_pad = self.layer(pad_seq, lambda q, k, v: v)
+        return (pad_k[:, :, 0], pad_v[:, :, 0]), next_pad.view(-1)
+
+    def forward(self, x: Tensor, pad_kv: PadKV | None, dilation: int) -> Tensor:
+        """x: (B, T, d); pad_kv: this sub-layer's pad key/value (each (1, H, Dh)), or None in mask mode."""
+        if pad_kv is None:
+            return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation))
         b = x.shape[0]
-        pad_k = pad_k[:, :, 0].expand(b, -1, -1)  # (B, H, Dh)
-        pad_v = pad_v[:, :, 0].expand(b, -1, -1)
-        out = self.layer(
-            x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation, pad_k, pad_v)
-        )
-        next_pad = self.layer(pad_seq, lambda q, k, v: v)  # attention over identical pads returns v
-        return out, next_pad.view(-1)
+        pad_k, pad_v = (t.expand(b, -1, -1) for t in pad_kv)  # (B, H, Dh)
+        return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation, pad_k, pad_v))
 
 
 class RegularGPTStack(nn.Module):
@@ -137,45 +143,55 @@ class RegularGPTStack(nn.Module):
             return None
         return (torch.arange(length, device=device) >= self.chunk_size**level)[:, None]
 
-    def _step(self, x: Tensor, dilation: int) -> Tensor:
+    def pad_states(self) -> list[PadKV | None]:
+        """Each sub-layer's pad key/value: p through sub-layers 0..k−1 (the same at every depth step, since the
+        weights are shared), computed once per forward; Nones in mask mode."""
+        if self.pad is None:
+            return [None] * self.thickness
+        out: list[PadKV | None] = []
         pad = self.pad
         for sub in self.sublayers:
-            x, pad = sub(x, pad, dilation)
+            kv, pad = sub.pad_step(pad)
+            out.append(kv)
+        return out
+
+    def step(self, x: Tensor, dilation: int, pads: list[PadKV | None] | None = None) -> Tensor:
+        """One depth step: the K shared sub-layers at `dilation` over every position of x (B, T, d)."""
+        pads = self.pad_states() if pads is None else pads
+        for sub, pad_kv in zip(self.sublayers, pads):
+            x = sub(x, pad_kv, dilation)
         return x
 
     def sliding(self, x: Tensor) -> Tensor:
         """(B, T, d) → (B, T, d): depth step l at dilation C**l; every position (adaptive, train) or the positions
         m >= C**l (per_position, the others keep their state)."""
+        pads = self.pad_states()
         for level in range(self.depth(x.shape[1])):
             active = self.step_mask(x.shape[1], level, x.device)
-            new = self._step(x, self.chunk_size**level)
+            new = self.step(x, self.chunk_size**level, pads)
             x = new if active is None else torch.where(active, new, x)
         return x
 
     def tree(self, x: Tensor) -> Tensor:
         """(B, T, d) → (B, d): the state of the last position, computing only the positions that feed it."""
         c = self.chunk_size
+        pads = self.pad_states()
         for _ in range(self.depth(x.shape[1])):
             keep = slice((x.shape[1] - 1) % c, None, c)  # positions t−1, t−1−C, …  → (B, ceil(t/C), d)
             if self.thickness == 1:
-                x = self._kept_only(x, keep)
+                x = self._kept_only(x, keep, pads[0])
             else:
-                x = self._step(x, 1)[:, keep]
+                x = self.step(x, 1, pads)[:, keep]
         assert x.shape[1] == 1, "adaptive depth must reduce the sequence to one position"
         return x[:, 0]
 
-    def _kept_only(self, x: Tensor, keep: slice) -> Tensor:
+    def _kept_only(self, x: Tensor, keep: slice, pad_kv: PadKV | None) -> Tensor:
         """One depth step of a K = 1 stack computed at the kept positions only."""
         sub = self.sublayers[0]
         pad_k = pad_v = None
-        if self.pad is not None:
-            pk, pv = sub.layer.key_value(self.pad.view(1, 1, -1))  # (1, H, 1, Dh)
-            pad_k, pad_v = pk[:, :, 0].expand(x.shape[0], -1, -1), pv[:, :, 0].expand(x.shape[0], -1, -1)
+        if pad_kv is not None:
+            pad_k, pad_v = (t.expand(x.shape[0], -1, -1) for t in pad_kv)  # (B, H, Dh)
         return sub.layer(x, lambda q, k, v: chunk_attention(q, k, v, sub.rel_bias, pad_k, pad_v), keep)
-
-    def layer_parameters(self) -> int:
-        """Parameters used by one layer application (one sub-layer), incl. its window scalars."""
-        return sum(p.numel() for p in self.sublayers[0].parameters())
 
 
 class _RegularGPTBase(nn.Module):
