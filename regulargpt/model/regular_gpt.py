@@ -96,16 +96,23 @@ class _SlidingDilatedLayer(nn.Module):
         """x: (B, T, d); pad: (d,) pad state entering this sub-layer, or None in mask mode → (x', pad')."""
         if pad is None:
             return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation)), None
-        pad_seq = pad.view(1, 1, -1)  # (1, 1, d)
-        pad_k, pad_v = self.layer.key_value(pad_seq)  # (1, H, 1, Dh)
+        pad_k, pad_v, next_pad = self.pad_states(pad)
         b = x.shape[0]
-        pad_k = pad_k[:, :, 0].expand(b, -1, -1)  # (B, H, Dh)
-        pad_v = pad_v[:, :, 0].expand(b, -1, -1)
+        pad_k, pad_v = pad_k.expand(b, -1, -1), pad_v.expand(b, -1, -1)  # (B, H, Dh)
         out = self.layer(
             x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation, pad_k, pad_v)
         )
-        next_pad = self.layer(pad_seq, lambda q, k, v: v)  # attention over identical pads returns v
-        return out, next_pad.view(-1)
+        return out, next_pad
+
+    def pad_states(self, pad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """pad (d,) entering this sub-layer → (pad key (1, H, Dh), pad value (1, H, Dh), pad state leaving it (d,)).
+
+        The leaving state is the pad passed through this layer as a length-1 sequence: attention over identical
+        pads returns the pad's own value."""
+        pad_seq = pad.view(1, 1, -1)  # (1, 1, d)
+        pad_k, pad_v = self.layer.key_value(pad_seq)  # (1, H, 1, Dh)
+        next_pad = self.layer(pad_seq, lambda q, k, v: v)
+        return pad_k[:, :, 0], pad_v[:, :, 0], next_pad.view(-1)
 
 
 class RegularGPTStack(nn.Module):
