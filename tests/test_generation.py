@@ -208,6 +208,9 @@ def test_same_seed_same_samples_and_bad_requests() -> None:
         check_request(decoder, VOCAB, [], 5)
     with pytest.raises(GenerationError, match="vocabulary"):
         check_request(decoder, VOCAB, [1, VOCAB], 5)
+    for fresh in (decoder, make_decoder(_dense("alibi"))):
+        with pytest.raises(RuntimeError, match="prefill"):
+            fresh.step(torch.zeros(1, dtype=torch.long))
     learned = make_decoder(_dense("learned"))  # max_positions 64
     check_request(learned, VOCAB, [1] * 60, 5)  # reads positions 0..63
     with pytest.raises(GenerationError, match="max_positions=64"):
@@ -242,3 +245,18 @@ def test_perplexity_through_the_cached_decoder_equals_the_extrapolate_sweep(data
         nll = F.cross_entropy(logits.flatten(0, 1).float(), windows[1].flatten()).item()
         assert row["tokens"] == 96
         assert math.isclose(nll, row["nll"], rel_tol=1e-5), (name, nll, row["nll"])
+
+
+@pytest.mark.parametrize("name", ["train", "per_position", "alibi"])
+def test_fill_random_leaves_the_caches_a_real_prefill_leaves(name: str) -> None:
+    """The benchmark's shortcut: the same cache sizes as a prefill of as many tokens, and decoding goes on from it."""
+    model = _dense("alibi", torch.float32) if name == "alibi" else _regular(3, 2, "learned", name, torch.float32)
+    tokens = torch.randint(0, VOCAB, (2, 50))
+    real, fake = make_decoder(model), make_decoder(model)
+    real.prefill(tokens, max_length=60)
+    fake.fill_random(50, 2, max_length=60)
+    assert fake.length == real.length == 50 and fake.cache_bytes == real.cache_bytes
+    for _ in range(10):
+        real.step(tokens[:, 0])
+        assert fake.step(tokens[:, 0]).shape == (2, VOCAB)
+    assert fake.cache_bytes == real.cache_bytes

@@ -31,10 +31,13 @@ def _grown(buffer: Tensor | None, like: Tensor, dim: int, slots: int, used: int)
 
 
 class GrowingTensor:
-    """A tensor that grows along `dim` by appending; storage doubles when full. E.g. token ids (B, T), dim 1."""
+    """A tensor that grows along `dim` by appending; storage doubles when full. E.g. token ids (B, T), dim 1.
 
-    def __init__(self, dim: int) -> None:
-        self.dim = dim
+    `reserve`: entries to allocate at the first append (the final length, when known), so that no doubling
+    ever happens."""
+
+    def __init__(self, dim: int, reserve: int = 0) -> None:
+        self.dim, self.reserve = dim, reserve
         self.data: Tensor | None = None
         self.length = 0
 
@@ -44,10 +47,16 @@ class GrowingTensor:
         end = self.length + n
         if self.data is None or end > self.data.shape[self.dim]:
             current = 0 if self.data is None else self.data.shape[self.dim]
-            self.data = _grown(self.data, x, self.dim, max(_MIN_SLOTS, end, 2 * current), self.length)
+            slots = max(_MIN_SLOTS, end, 2 * current if current else self.reserve)
+            self.data = _grown(self.data, x, self.dim, slots, self.length)
         self.data.narrow(self.dim, self.length, n).copy_(x)
         self.length = end
-        return self.data.narrow(self.dim, 0, end)
+        return self.view()
+
+    def view(self) -> Tensor:
+        """Every entry appended so far (a view of the storage)."""
+        assert self.data is not None, "nothing appended yet"
+        return self.data.narrow(self.dim, 0, self.length)
 
     @property
     def nbytes(self) -> int:
@@ -58,8 +67,8 @@ class GrowingTensor:
 class KVCache:
     """Keys and values of positions 0..length−1 of one dense layer; `append` returns views of all of them."""
 
-    def __init__(self) -> None:
-        self.k, self.v = GrowingTensor(dim=2), GrowingTensor(dim=2)
+    def __init__(self, reserve: int = 0) -> None:
+        self.k, self.v = GrowingTensor(dim=2, reserve=reserve), GrowingTensor(dim=2, reserve=reserve)
 
     @property
     def length(self) -> int:
@@ -77,17 +86,18 @@ class KVCache:
 class RingCache:
     """Keys and values of the last `window` positions written; position p is stored in slot p mod window.
 
-    Positions must be written in increasing order without gaps (several at once is fine). Reads name absolute
-    positions, which must be among the last `window` written.
+    Positions must be written in increasing order without gaps (several at once is fine), from position `start`
+    on. Reads name absolute positions, which must be among the last `window` written. `reserve`: positions to
+    allocate at the first write (the final length, when known; at most `window` are ever allocated).
     """
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, start: int = 0, reserve: int = 0) -> None:
         if window < 1:
             raise ValueError(f"RingCache: window must be >= 1, got {window}")
-        self.window = window
+        self.window, self.start, self.reserve = window, start, reserve
         self.k: Tensor | None = None
         self.v: Tensor | None = None
-        self.length = 0  # positions written so far: the next write is position `length`
+        self.length = start  # the next write is position `length`
 
     def write(self, k: Tensor, v: Tensor) -> None:
         """Store k, v (B, H, n, Dh) of positions length..length+n−1; only the last `window` of them are kept."""
@@ -98,16 +108,16 @@ class RingCache:
         slots_needed = min(self.window, end)
         if self.k is None or slots_needed > self.k.shape[2]:
             current = 0 if self.k is None else self.k.shape[2]
-            slots = min(self.window, max(_MIN_SLOTS, slots_needed, 2 * current))
-            used = min(self.length, current)  # not wrapped yet: positions 0..length−1 sit in slots 0..length−1
+            slots = min(self.window, max(_MIN_SLOTS, slots_needed, 2 * current if current else self.reserve))
+            used = min(self.length, current)  # not wrapped yet: position p < length sits in slot p
             self.k = _grown(self.k, k, 2, slots, used)
             self.v = _grown(self.v, v, 2, slots, used)
         assert self.v is not None
         k, v = k[:, :, n - keep:], v[:, :, n - keep:]
-        start = first % self.window
-        head = min(keep, self.window - start)  # positions up to the end of the ring, then wrap to slot 0
-        self.k[:, :, start:start + head] = k[:, :, :head]
-        self.v[:, :, start:start + head] = v[:, :, :head]
+        slot = first % self.window
+        head = min(keep, self.window - slot)  # positions up to the end of the ring, then wrap to slot 0
+        self.k[:, :, slot:slot + head] = k[:, :, :head]
+        self.v[:, :, slot:slot + head] = v[:, :, :head]
         if head < keep:
             self.k[:, :, :keep - head] = k[:, :, head:]
             self.v[:, :, :keep - head] = v[:, :, head:]
@@ -116,8 +126,8 @@ class RingCache:
     def read(self, positions: list[int]) -> tuple[Tensor, Tensor]:
         """Keys and values (B, H, len(positions), Dh) of the given absolute positions, in the order given."""
         assert self.k is not None and self.v is not None, "read before any write"
-        oldest = self.length - self.window
-        if any(p < max(0, oldest) or p >= self.length for p in positions):
+        oldest = max(self.start, self.length - self.window)
+        if any(p < oldest or p >= self.length for p in positions):
             raise IndexError(f"RingCache: positions {positions} not among the last {self.window} of {self.length}")
         if len(positions) == 1:  # a view, no gather
             slot = positions[0] % self.window

@@ -51,24 +51,40 @@ class DenseDecoder:
         cfg = self.model.config
         return cfg.max_positions if cfg.position == "learned" else None
 
-    def reset(self) -> None:
-        self.caches = [KVCache() for _ in self.model.layers]
+    def reset(self, max_length: int = 0) -> None:
+        """Forget the sequence; `max_length` (if known) sizes the caches once for the whole sequence."""
+        self.caches = [KVCache(reserve=max_length) for _ in self.model.layers]
         self.length = 0
 
     @torch.no_grad()
-    def prefill(self, tokens: Tensor, last_only: bool = False) -> Tensor:
-        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position."""
-        self.reset()
+    def prefill(self, tokens: Tensor, last_only: bool = False, max_length: int = 0) -> Tensor:
+        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position. `max_length`:
+        the most positions the sequence will have (prompt + new tokens − 1), to size the caches once."""
+        self.reset(max_length)
         return self._extend(tokens, last_only)
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per sequence: tokens (B,) → logits (B, V) of the new position."""
+        if not self.caches:
+            raise RuntimeError("DenseDecoder.step before prefill: prefill the prompt first")
         return self._extend(tokens[:, None], last_only=True)[:, 0]
 
     @property
     def cache_bytes(self) -> int:
         return sum(c.nbytes for c in self.caches)
+
+    @torch.no_grad()
+    def fill_random(self, length: int, batch: int, max_length: int = 0) -> None:
+        """Benchmarks only: the caches as after `length` tokens of `batch` sequences, holding random keys and values
+        (decode time does not depend on what they hold); the logits that follow are meaningless."""
+        self.reset(max_length)
+        weight = self.model.embed.table.weight
+        shape = (batch, self.model.config.n_heads, length, self.model.config.head_dim)
+        for cache in self.caches:
+            cache.append(torch.randn(shape, dtype=weight.dtype, device=weight.device),
+                         torch.randn(shape, dtype=weight.dtype, device=weight.device))
+        self.length = length
 
     def _extend(self, tokens: Tensor, last_only: bool) -> Tensor:
         model, cfg = self.model, self.model.config

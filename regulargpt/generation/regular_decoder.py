@@ -82,11 +82,14 @@ class RegularGPTDecoder:
         self.history = GrowingTensor(dim=1)  # per_position: final states (B, T, d)
         self.tokens = GrowingTensor(dim=1)  # adaptive: token ids (B, T), for the recompute when L grows
         self.length = 0
+        self.max_length_hint = 0  # positions the sequence will have, if known: sizes rings and states once
         self._pads: list[tuple[Tensor, Tensor] | None] | None = None
 
-    def reset(self) -> None:
-        self.rings, self.length = [], 0
-        self.history, self.tokens = GrowingTensor(dim=1), GrowingTensor(dim=1)
+    def reset(self, max_length: int = 0) -> None:
+        """Forget the sequence; `max_length` (if known) sizes the rings and kept states once."""
+        self.rings, self.length, self.max_length_hint = [], 0, max_length
+        self.history = GrowingTensor(dim=1, reserve=max_length)
+        self.tokens = GrowingTensor(dim=1, reserve=max_length)
 
     @property
     def cache_bytes(self) -> int:
@@ -94,9 +97,31 @@ class RegularGPTDecoder:
         return sum(r.nbytes for rings in self.rings for r in rings) + self.history.nbytes + self.tokens.nbytes
 
     @torch.no_grad()
-    def prefill(self, tokens: Tensor, last_only: bool = False) -> Tensor:
-        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position."""
-        self.reset()
+    def fill_random(self, length: int, batch: int, max_length: int = 0) -> None:
+        """Benchmarks only: the rings (and per_position's final states) as after `length` tokens of `batch`
+        sequences, holding random values (decode time does not depend on them); the logits that follow are
+        meaningless."""
+        self.reset(max_length)
+        cfg, weight = self.model.config, self.model.embed.table.weight
+        for level in range(self.stack.depth(length)):
+            window = ring_window(self.chunk_size, level)
+            rings = [RingCache(window, max(0, length - window), max_length) for _ in self.stack.sublayers]
+            shape = (batch, cfg.n_heads, min(window, length), cfg.head_dim)
+            for ring in rings:
+                ring.write(torch.randn(shape, dtype=weight.dtype, device=weight.device),
+                           torch.randn(shape, dtype=weight.dtype, device=weight.device))
+            self.rings.append(rings)
+        if self.policy == "per_position":
+            self.history.append(torch.randn(batch, length, cfg.d_model, dtype=weight.dtype, device=weight.device))
+        if self.policy == "adaptive":
+            self.tokens.append(torch.zeros(batch, length, dtype=torch.long, device=weight.device))
+        self.length = length
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor, last_only: bool = False, max_length: int = 0) -> Tensor:
+        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position. `max_length`:
+        the most positions the sequence will have (prompt + new tokens − 1), to size the rings once."""
+        self.reset(max_length)
         if self.policy == "adaptive":
             self.tokens.append(tokens)
         return self._forward(tokens, last_only)
@@ -104,6 +129,8 @@ class RegularGPTDecoder:
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """Append one token per sequence: tokens (B,) → logits (B, V) of the new position m = length."""
+        if not self.rings:
+            raise RuntimeError("RegularGPTDecoder.step before prefill: prefill the prompt first")
         m = self.length
         depth = self.stack.depth(m + 1)
         if self.policy == "adaptive":
@@ -145,7 +172,7 @@ class RegularGPTDecoder:
         for level in range(self.stack.depth(t)):
             x = self._run_step(x, level, self.stack.step_mask(t, level, x.device))
         if self.policy == "per_position":
-            self.history = GrowingTensor(dim=1)
+            self.history = GrowingTensor(dim=1, reserve=self.max_length_hint)
             self.history.append(x)
         self.length = t
         return self.model.head(x[:, -1:] if last_only else x)
@@ -154,7 +181,8 @@ class RegularGPTDecoder:
         """Depth step `level` over every row of x (B, T, d) from position 0, recording the rings; positions where
         `active` (T, 1) is False keep their state (per_position)."""
         dilation = self.chunk_size**level
-        rings = [RingCache(ring_window(self.chunk_size, level)) for _ in self.stack.sublayers]
+        window = ring_window(self.chunk_size, level)
+        rings = [RingCache(window, reserve=self.max_length_hint) for _ in self.stack.sublayers]
         h = x
         for sub, ring, pads in zip(self.stack.sublayers, rings, self._pad_states()):
             pad_k, pad_v = (None, None) if pads is None else (pads[0].expand(x.shape[0], -1, -1),
@@ -174,7 +202,7 @@ class RegularGPTDecoder:
         needs positions 0..m−1, which do not take part in the step: run it on their final states, where each
         reads only itself and pads (m − D < 0), and keep the keys/values."""
         assert self.policy == "per_position" and self.length == self.chunk_size**level, (self.length, level)
-        self._run_step(self.history.data.narrow(1, 0, self.length), level, None)  # (B, m, d); output unused
+        self._run_step(self.history.view(), level, None)  # (B, m, d); the output is not used
 
     def _attend_one(self, ring: RingCache, rel_bias: Tensor, m: int, dilation: int,
                     pads: tuple[Tensor, Tensor] | None) -> AttendFn:
