@@ -180,8 +180,8 @@ def main() -> int:
                    help="comma-separated context lengths T (default: %(default)s)")
     p.add_argument("--steps", type=int, default=7, help="timed decode steps per point (default 7)")
     p.add_argument("--warmup", type=int, default=2, help="untimed decode steps first (default 2)")
-    p.add_argument("--rounds", type=int, default=3, help="passes over the whole list; each point keeps its fastest "
-                                                         "(default 3: a shared machine has slow spells of seconds)")
+    p.add_argument("--rounds", type=int, default=2, help="passes over the whole list; each point keeps its fastest "
+                                                         "(default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--memory-gb", type=float, default=12.0,
                    help="skip a point whose cache would exceed this (default 12)")
