@@ -1,4 +1,4 @@
-"""Key/value storage for cached decoding: an append-only cache (dense attention) and a ring buffer (RegularGPT).
+"""Storage for cached decoding: growing tensors, append-only KV caches (dense attention), ring buffers (RegularGPT).
 
 Storage grows geometrically (doubling), so appending one position costs amortised O(1) copies instead of a
 concatenation of the whole cache per token. Keys and values are (B, H, slots, Dh) tensors.
