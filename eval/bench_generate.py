@@ -103,7 +103,7 @@ def worker(spec: dict) -> None:
             continue
         decoder = make_decoder(model)
         reset = _reset_peak_rss()
-        decoder.fill_random(length - spec["warmup"] - spec["steps"], batch, max_length=length)
+        decoder.fill_random(length - spec["warmup"] - spec["steps"], batch, reserve=length)
         times = []
         for i in range(spec["warmup"] + spec["steps"]):
             start = time.perf_counter()

@@ -253,8 +253,8 @@ def test_fill_random_leaves_the_caches_a_real_prefill_leaves(name: str) -> None:
     model = _dense("alibi", torch.float32) if name == "alibi" else _regular(3, 2, "learned", name, torch.float32)
     tokens = torch.randint(0, VOCAB, (2, 50))
     real, fake = make_decoder(model), make_decoder(model)
-    real.prefill(tokens, max_length=60)
-    fake.fill_random(50, 2, max_length=60)
+    real.prefill(tokens, reserve=60)
+    fake.fill_random(50, 2, reserve=60)
     assert fake.length == real.length == 50 and fake.cache_bytes == real.cache_bytes
     for _ in range(10):
         real.step(tokens[:, 0])

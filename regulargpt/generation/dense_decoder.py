@@ -51,16 +51,16 @@ class DenseDecoder:
         cfg = self.model.config
         return cfg.max_positions if cfg.position == "learned" else None
 
-    def reset(self, max_length: int = 0) -> None:
-        """Forget the sequence; `max_length` (if known) sizes the caches once for the whole sequence."""
-        self.caches = [KVCache(reserve=max_length) for _ in self.model.layers]
+    def reset(self, reserve: int = 0) -> None:
+        """Forget the sequence; `reserve` (the positions it will have, if known) sizes the caches once."""
+        self.caches = [KVCache(reserve=reserve) for _ in self.model.layers]
         self.length = 0
 
     @torch.no_grad()
-    def prefill(self, tokens: Tensor, last_only: bool = False, max_length: int = 0) -> Tensor:
-        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position. `max_length`:
-        the most positions the sequence will have (prompt + new tokens − 1), to size the caches once."""
-        self.reset(max_length)
+    def prefill(self, tokens: Tensor, last_only: bool = False, reserve: int = 0) -> Tensor:
+        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position. `reserve`:
+        the positions the sequence will have (prompt + new tokens − 1), to size the caches once."""
+        self.reset(reserve)
         return self._extend(tokens, last_only)
 
     @torch.no_grad()
@@ -75,10 +75,10 @@ class DenseDecoder:
         return sum(c.nbytes for c in self.caches)
 
     @torch.no_grad()
-    def fill_random(self, length: int, batch: int, max_length: int = 0) -> None:
+    def fill_random(self, length: int, batch: int, reserve: int = 0) -> None:
         """Benchmarks only: the caches as after `length` tokens of `batch` sequences, holding random keys and values
         (decode time does not depend on what they hold); the logits that follow are meaningless."""
-        self.reset(max_length)
+        self.reset(reserve)
         weight = self.model.embed.table.weight
         shape = (batch, self.model.config.n_heads, length, self.model.config.head_dim)
         for cache in self.caches:

@@ -32,11 +32,11 @@ class Decoder(Protocol):
     length: int  # positions decoded so far
     max_length: int | None  # the longest sequence the model accepts, or None
 
-    def prefill(self, tokens: Tensor, last_only: bool = False, max_length: int = 0) -> Tensor: ...
+    def prefill(self, tokens: Tensor, last_only: bool = False, reserve: int = 0) -> Tensor: ...
 
     def step(self, tokens: Tensor) -> Tensor: ...
 
-    def fill_random(self, length: int, batch: int, max_length: int = 0) -> None: ...
+    def fill_random(self, length: int, batch: int, reserve: int = 0) -> None: ...
 
     @property
     def cache_bytes(self) -> int: ...
@@ -96,7 +96,7 @@ def generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int, sampl
         return out
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt)] * num_samples, dtype=torch.long, device=device)  # (B, T)
-    logits = decoder.prefill(ids, last_only=True, max_length=len(prompt) + max_new_tokens - 1)[:, 0]  # (B, V)
+    logits = decoder.prefill(ids, last_only=True, reserve=len(prompt) + max_new_tokens - 1)[:, 0]  # (B, V)
     generator = torch.Generator().manual_seed(seed)
     stopped = [False] * num_samples
     for i in range(max_new_tokens):

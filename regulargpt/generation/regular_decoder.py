@@ -82,14 +82,14 @@ class RegularGPTDecoder:
         self.history = GrowingTensor(dim=1)  # per_position: final states (B, T, d)
         self.tokens = GrowingTensor(dim=1)  # adaptive: token ids (B, T), for the recompute when L grows
         self.length = 0
-        self.max_length_hint = 0  # positions the sequence will have, if known: sizes rings and states once
+        self.reserve = 0  # positions the sequence will have, if known: sizes rings and states once
         self._pads: list[tuple[Tensor, Tensor] | None] | None = None
 
-    def reset(self, max_length: int = 0) -> None:
-        """Forget the sequence; `max_length` (if known) sizes the rings and kept states once."""
-        self.rings, self.length, self.max_length_hint = [], 0, max_length
-        self.history = GrowingTensor(dim=1, reserve=max_length)
-        self.tokens = GrowingTensor(dim=1, reserve=max_length)
+    def reset(self, reserve: int = 0) -> None:
+        """Forget the sequence; `reserve` (the positions it will have, if known) sizes the rings and states once."""
+        self.rings, self.length, self.reserve = [], 0, reserve
+        self.history = GrowingTensor(dim=1, reserve=reserve)
+        self.tokens = GrowingTensor(dim=1, reserve=reserve)
 
     @property
     def cache_bytes(self) -> int:
@@ -97,15 +97,15 @@ class RegularGPTDecoder:
         return sum(r.nbytes for rings in self.rings for r in rings) + self.history.nbytes + self.tokens.nbytes
 
     @torch.no_grad()
-    def fill_random(self, length: int, batch: int, max_length: int = 0) -> None:
+    def fill_random(self, length: int, batch: int, reserve: int = 0) -> None:
         """Benchmarks only: the rings (and per_position's final states) as after `length` tokens of `batch`
         sequences, holding random values (decode time does not depend on them); the logits that follow are
         meaningless."""
-        self.reset(max_length)
+        self.reset(reserve)
         cfg, weight = self.model.config, self.model.embed.table.weight
         for level in range(self.stack.depth(length)):
             window = ring_window(self.chunk_size, level)
-            rings = [RingCache(window, max(0, length - window), max_length) for _ in self.stack.sublayers]
+            rings = [RingCache(window, max(0, length - window), reserve) for _ in self.stack.sublayers]
             shape = (batch, cfg.n_heads, min(window, length), cfg.head_dim)
             for ring in rings:
                 ring.write(torch.randn(shape, dtype=weight.dtype, device=weight.device),
@@ -118,10 +118,10 @@ class RegularGPTDecoder:
         self.length = length
 
     @torch.no_grad()
-    def prefill(self, tokens: Tensor, last_only: bool = False, max_length: int = 0) -> Tensor:
-        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position. `max_length`:
-        the most positions the sequence will have (prompt + new tokens − 1), to size the rings once."""
-        self.reset(max_length)
+    def prefill(self, tokens: Tensor, last_only: bool = False, reserve: int = 0) -> Tensor:
+        """Start a new sequence: tokens (B, T) → logits (B, T, V), or (B, 1, V) of the last position. `reserve`:
+        the positions the sequence will have (prompt + new tokens − 1), to size the rings once."""
+        self.reset(reserve)
         if self.policy == "adaptive":
             self.tokens.append(tokens)
         return self._forward(tokens, last_only)
@@ -172,7 +172,7 @@ class RegularGPTDecoder:
         for level in range(self.stack.depth(t)):
             x = self._run_step(x, level, self.stack.step_mask(t, level, x.device))
         if self.policy == "per_position":
-            self.history = GrowingTensor(dim=1, reserve=self.max_length_hint)
+            self.history = GrowingTensor(dim=1, reserve=self.reserve)
             self.history.append(x)
         self.length = t
         return self.model.head(x[:, -1:] if last_only else x)
@@ -182,7 +182,7 @@ class RegularGPTDecoder:
         `active` (T, 1) is False keep their state (per_position)."""
         dilation = self.chunk_size**level
         window = ring_window(self.chunk_size, level)
-        rings = [RingCache(window, reserve=self.max_length_hint) for _ in self.stack.sublayers]
+        rings = [RingCache(window, reserve=self.reserve) for _ in self.stack.sublayers]
         h = x
         for sub, ring, pads in zip(self.stack.sublayers, rings, self._pad_states()):
             pad_k, pad_v = (None, None) if pads is None else (pads[0].expand(x.shape[0], -1, -1),
