@@ -23,16 +23,20 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# Ends with a short sample from the RegularGPT the demo trained (constant memory per token under depth policy train).
 demo: $(STAMP)
 	$(PY) eval/lm_comparison.py --demo
+	$(PY) launch/generate.py results/demo/lm/runs/python-stdlib/regular_gpt-seed0 --prompt "    def __init__(self" \
+		--max-new-tokens 60 --depth-policy train --seed 0
 
-# Every CPU benchmark behind docs/PERFORMANCE.md, one after another (about an hour on 2 cores).
+# Every CPU benchmark behind docs/PERFORMANCE.md and docs/GENERATION.md, one after another (about an hour on 2 cores).
 bench: $(STAMP)
 	$(PY) eval/bench_dispatch.py --out results/bench_dispatch.md
 	$(PY) eval/bench_attention.py --out results/bench_attention.md
 	$(PY) eval/bench_attention.py --dtype bf16 --heads 8 --no-reference --no-flex --out results/bench_attention_bf16.md
 	$(PY) eval/bench_train.py --out results/bench_train.md
 	$(PY) eval/bench_tree.py --config configs/formal/parity_check.json --out results/bench_tree.md
+	OMP_NUM_THREADS=1 $(PY) eval/bench_generate.py --out results/bench_generate.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
