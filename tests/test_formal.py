@@ -262,3 +262,14 @@ def test_time_to_solve_check_does_not_change_training(tmp_path: Path) -> None:
     never = train_formal(cfg, tmp_path / "never", solve_check=SolveCheck(every=4, lengths=(7,), samples=8,
                                                                          threshold=1.01))
     assert load_model_file(never)[2]["solved_step"] is None
+
+
+def test_recipe_ignores_seed_and_bookkeeping_but_not_training_settings() -> None:
+    from regulargpt.evaluation.formal_sweep import recipe_id
+
+    base = recipe_id(tiny_cfg())
+    assert recipe_id(tiny_cfg(seed=9, log_every=5, save_every=7)) == base
+    assert recipe_id(tiny_cfg(lr=3e-3)) != base and recipe_id(tiny_cfg(steps=9)) != base
+    raw = tiny_raw()
+    raw["model"]["init"] = "fan_in"
+    assert recipe_id(load_config_dict(raw)) != base

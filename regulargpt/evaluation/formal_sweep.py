@@ -146,14 +146,21 @@ class RunSpec:
 
 
 def recipe_id(cfg: Config) -> str:
-    """A short hash of what a run trains and how, without its seed and bookkeeping (logging, checkpoint cadence):
-    tables record it per cell so that a committed table made with another recipe is detected as stale."""
+    """A short hash of what a run trains and how: the config values that differ from the code's defaults, without
+    the seed and bookkeeping (logging, checkpoint cadence). Tables record it per cell so that a committed table made
+    with another recipe is detected as stale; a field added later with a default does not change it."""
+    import dataclasses
     import hashlib
 
-    d = config_to_dict(cfg)
-    d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "log_every", "save_every", "keep_last")}
-    d.pop("logging", None)
-    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    skip = {("train", "seed"), ("train", "log_every"), ("train", "save_every"), ("train", "keep_last")}
+    recipe = {}
+    for section in ("model", "data", "train", "eval"):
+        values, defaults = getattr(cfg, section), type(getattr(cfg, section))()
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            if (section, f.name) not in skip and value != getattr(defaults, f.name):
+                recipe[f"{section}.{f.name}"] = value
+    return hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _overlay(raw: dict[str, Any], delta: dict[str, Any], where: str) -> None:
