@@ -340,7 +340,7 @@ def _findings(group: dict, chunk_size: int) -> list[str]:
 def _what_we_found(plan: Plan) -> list[str]:
     """Per dataset: every (variant, depth policy) at 1× and the longest length, the study's two questions answered,
     and each knob's paired effect (regulargpt.evaluation.lm_findings), from the nonoverlapping results."""
-    from regulargpt.evaluation.lm_findings import findings_markdown
+    from regulargpt.evaluation.lm_findings import findings_markdown, position_gaps
 
     lines = [f"Variants (`{_rel(plan.out)}/runs/<dataset>/<variant>-seed<k>`): "
              + "; ".join(f"**{m.name}** = `configs/tiny/{m.config}.json`"
@@ -352,8 +352,15 @@ def _what_we_found(plan: Plan) -> list[str]:
     for dataset in plan.datasets:
         path = plan.out / dataset / "results.jsonl"
         lines += [f"### {dataset}", ""]
-        lines += findings_markdown(load_rows(path), dataset, TRAIN_LENGTH, plan.lengths[-1]) if path.is_file() \
-            else ["not evaluated yet"]
+        if not path.is_file():
+            lines += ["not evaluated yet", ""]
+            continue
+        rows = load_rows(path)
+        lines += findings_markdown(rows, dataset, TRAIN_LENGTH, plan.lengths[-1])
+        gaps = position_gaps(rows, dataset, TRAIN_LENGTH)
+        if gaps:
+            lines += ["", f"Where in the window each variant loses at 1×: mean NLL minus ALiBi's by window position "
+                          f"(nats, paired by seed; > 0 = worse):", "", *gaps]
         lines.append("")
     return lines
 

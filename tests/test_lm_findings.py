@@ -40,3 +40,18 @@ def test_summaries_and_answers() -> None:
     assert "| rg_recency | adaptive | -12.7% ± 3.8 |" in text
     # depth policy alone at 32×: (114/126 − 1, 130/143 − 1) = (−9.5%, −9.1%) → −9.3% ± 0.3
     assert "| regular_gpt (depth policy alone) | train vs adaptive | 0.0% ± 0.0 | -9.3% ± 0.3 |" in text
+
+
+def test_position_gaps_are_paired_by_seed() -> None:
+    from regulargpt.evaluation.lm_findings import position_gaps
+
+    rows = []
+    for variant, base in (("alibi", 3.0), ("regular_gpt", 3.5)):
+        for seed in (0, 1):
+            rows.append({"run": f"x/runs/ds/{variant}-seed{seed}", "dataset": "ds", "split": "test", "length": 64,
+                         "protocol": "nonoverlapping", "stride": 64, "tokens": 64, "ppl": 1.0, "model": variant,
+                         "per_position": [{"start": 0, "end": 1, "nll": base + seed, "tokens": 1},
+                                          {"start": 1, "end": 2, "nll": base + 2 * seed, "tokens": 1}]})
+    lines = position_gaps(rows, "ds", 64)
+    assert lines[0] == "| variant | seeds | 0..0 | 1..1 |"
+    assert lines[2] == "| regular_gpt | 2 | +0.500 | +0.500 |"

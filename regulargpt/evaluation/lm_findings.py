@@ -25,7 +25,7 @@ import numpy as np
 
 from regulargpt.evaluation.lm_report import latest_rows
 
-__all__ = ["Summary", "summarise", "findings_markdown", "run_name"]
+__all__ = ["Summary", "summarise", "findings_markdown", "position_gaps", "run_name"]
 
 _RUN = re.compile(r"(?:^|/)runs/(?P<dataset>[^/]+)/(?P<variant>.+)-seed(?P<seed>\d+)/?$")
 
@@ -75,6 +75,35 @@ def summarise(rows: Sequence[dict[str, Any]], dataset: str, protocol: str = "non
         key = (variant, policy)
         out.setdefault(key, Summary(variant, policy, defaultdict(dict))).ppl[row["length"]][seed] = row["ppl"]
     return out
+
+
+def position_gaps(rows: Sequence[dict[str, Any]], dataset: str, length: int, reference: str = "alibi",
+                  protocol: str = "nonoverlapping") -> list[str]:
+    """Markdown table: per variant (its own depth policy), mean NLL minus the reference's at each window-position
+    octave of length `length`, paired by seed and averaged (nats; > 0 = worse). Shows *where in the window* a model
+    loses: e.g. RegularGPT C = 4 close to the reference at positions 0..3 (its first depth step sees them directly)
+    and behind from position 4 on, where older tokens arrive only through the dilated steps."""
+    nll: dict[str, dict[int, dict[tuple[int, int], float]]] = defaultdict(dict)
+    for row in latest_rows(rows):
+        named = run_name(row["run"])
+        if (named is None or row["dataset"] != dataset or row["protocol"] != protocol or row["length"] != length
+                or row.get("depth_policy") or row.get("skipped") or not row.get("per_position")):
+            continue
+        nll[named[0]][named[1]] = {(b["start"], b["end"]): b["nll"] for b in row["per_position"]}
+    if reference not in nll:
+        return []
+    buckets = sorted(next(iter(nll[reference].values())))
+    lines = ["| variant | seeds | " + " | ".join(f"{a}..{e - 1}" for a, e in buckets) + " |",
+             "|---|---:|" + "---:|" * len(buckets)]
+    for variant, by_seed in sorted(nll.items(), key=lambda kv: (kv[0] != reference, kv[0])):
+        if variant == reference:
+            continue
+        seeds = sorted(set(by_seed) & set(nll[reference]))
+        if not seeds:
+            continue
+        gaps = [float(np.mean([by_seed[s][b] - nll[reference][s][b] for s in seeds])) for b in buckets]
+        lines.append(f"| {variant} | {len(seeds)} | " + " | ".join(f"{g:+.3f}" for g in gaps) + " |")
+    return lines
 
 
 def _ms(values: list[float], pct: bool = False, digits: int = 2) -> str:
