@@ -425,6 +425,13 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict
     learned["model"].update(architecture="transformer", position="learned", max_positions=16, n_layers=1)
     learned_cfg = load_config_dict(learned)
     save_model_file(root / "learned" / "model.pt", learned_cfg, build_model(learned_cfg.model))
+    lm_cfg = load_config_dict({"model": {"vocab_size": 16, "d_model": 16, "n_heads": 2}, "data": {"seq_len": 8}})
+    save_model_file(root / "lm" / "model.pt", lm_cfg, build_model(lm_cfg.model))
+    (root / "unexported" / "global_step3").mkdir(parents=True)  # trained, model.pt not written yet
+    (root / "unexported" / "latest").write_text("global_step3")
+    (root / "corpus").mkdir()
+    for i in range(4):
+        (root / "corpus" / f"{i}.txt").write_text(f"short document number {i}\n" * 3)
     return {"root": root, "data": data_dir}
 
 
@@ -452,7 +459,38 @@ BAD_INPUT = {
     "eval-length-below-1": (_pretrain("configs/tiny/regular_gpt.json", "eval.lengths=0,64"),
                             ["eval.lengths: [0, 64] is not allowed", "integers >= 1"], []),
     "missing-data-folder": (_pretrain("configs/tiny/regular_gpt.json", "data.path={root}/nowhere"),
-                            ["nowhere does not exist", "data_prep/prepare.py"], []),
+                            ["nowhere does not exist", "data_prep/prepare.py", "--vocab-size 2048"], []),
+    "lr-nan": (_pretrain("configs/tiny/regular_gpt.json", "train.lr=nan"),
+               ["train.lr: nan is not allowed", "a finite number"], []),
+    "lr-infinity": (_pretrain("configs/tiny/regular_gpt.json", "train.lr=Infinity"),
+                    ["train.lr: inf is not allowed", "a finite number"], []),
+    "lr-negative": (_pretrain("configs/tiny/regular_gpt.json", "train.lr=-0.001"),
+                    ["train.lr: -0.001 is not allowed", "a number > 0"], []),
+    "eps-not-positive": (_pretrain("configs/tiny/regular_gpt.json", "train.eps=0"),
+                         ["train.eps: 0.0 is not allowed", "a number > 0"], []),
+    "beta-outside-0-1": (_pretrain("configs/tiny/regular_gpt.json", "train.beta2=1"),
+                         ["train.beta2: 1.0 is not allowed", "[0, 1)"], []),
+    "deepspeed-shadows-zero-stage": (_pretrain("configs/tiny/regular_gpt.json", "deepspeed.zero_optimization.stage=7"),
+                                     ["deepspeed.zero_optimization.stage: 7 contradicts train.zero_stage=0",
+                                      "set train.zero_stage instead"], []),
+    "deepspeed-train-batch-size": (_pretrain("configs/tiny/regular_gpt.json", "deepspeed.train_batch_size=3"),
+                                   ["deepspeed.train_batch_size: 3 is not allowed", "derived"], []),
+    "deepspeed-rejects-value": (_pretrain("configs/tiny/regular_gpt.json", "data.path={data}", "model.vocab_size=512",
+                                          "deepspeed.zero_optimization.overlap_comm=maybe"),
+                                ["deepspeed.zero_optimization.overlap_comm: 'maybe' is not accepted by DeepSpeed",
+                                 "valid boolean"], []),
+    "negative-threads": ([sys.executable, "launch/train_formal.py", "--config", "{root}/formal.json", "--threads", "-1",
+                          "--run-dir", "{root}/run"], ["--threads -1", "expected an integer >= 0"], ["formal.json"]),
+    "vocab-too-large-for-corpus": ([sys.executable, "data_prep/prepare.py", "--source", "{root}/corpus", "--out",
+                                    "{root}/run/data", "--vocab-size", "4000", "--num-proc", "1"],
+                                   ["--vocab-size 4000", "Vocabulary size too high"], ["corpus"]),
+    "range-on-a-language-model": ([sys.executable, "eval/formal.py", "range", "--run", "{root}/lm", "--out",
+                                   "{root}/out.jsonl"], ["--run", "/lm: its model.pt is a language model",
+                                                         "not a formal-language classifier", "eval/extrapolate.py"],
+                                  ["lm"]),
+    "checkpoints-but-no-model-pt": ([sys.executable, "eval/extrapolate.py", "--runs", "{root}/unexported", "--data",
+                                     "{data}", "--out", "{root}/run"], ["unexported has no model.pt but has checkpoints",
+                                                                        "python launch/export.py"], ["unexported"]),
     "bin-not-a-multiple-of-dtype": (_pretrain("configs/tiny/regular_gpt.json", "data.path={root}/truncated",
                                               "model.vocab_size=512"),
                                     ["truncated/train.bin", "not a multiple of 2 (uint16)"], ["truncated"]),

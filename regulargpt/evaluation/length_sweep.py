@@ -111,6 +111,10 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
     path = Path(run)
     model_path = path / "model.pt" if path.is_dir() else path
     if not model_path.is_file():
+        if path.is_dir() and (path / "latest").is_file():  # trained (or stopped) but not exported
+            raise EvalError(f"run directory {path} has no model.pt but has checkpoints (latest: "
+                            f"{(path / 'latest').read_text().strip()}); export one with "
+                            f"`python launch/export.py {path}`")
         where = f"run directory {path} has no model.pt" if path.is_dir() else f"{path} does not exist"
         raise EvalError(f"{where}; train it with `python launch/pretrain.py --config FILE --run-dir {path}` first")
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import math
 import os
 import socket
@@ -44,6 +45,7 @@ __all__ = [
     "prepare_process_env",
     "skip_shm_build",
     "deepspeed_config",
+    "check_deepspeed_config",
     "lr_factor",
     "param_groups",
     "apply_activation_checkpointing",
@@ -149,6 +151,43 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
         "wall_clock_breakdown": False,
     }
     return merge_dicts(ds, cfg.deepspeed)
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} → {"a.b": 1}."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def check_deepspeed_config(cfg: Config, world_size: int) -> None:
+    """Run DeepSpeed's own validation of the merged config now, before anything is written: a pass-through value it
+    rejects becomes a TrainError naming the key and value. Nothing to check (and no import) without ``deepspeed.*``.
+
+    e.g. ``--set deepspeed.zero_optimization.overlap_comm=maybe`` → ``deepspeed.zero_optimization.overlap_comm:
+    'maybe' is not accepted by DeepSpeed: Input should be a valid boolean, …``.
+    """
+    if not cfg.deepspeed:
+        return
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    ds = deepspeed_config(cfg, world_size)
+    ds.pop("train_batch_size")  # derived from the world size, which DeepSpeedConfig cannot know before init_distributed
+    try:
+        DeepSpeedConfig(ds)
+    except (ValueError, AssertionError, TypeError, KeyError) as err:
+        user = _leaves(cfg.deepspeed)
+        details = err.errors() if hasattr(err, "errors") else []  # pydantic: [{"loc": (...), "msg": ...}, ...]
+        for item in details:
+            loc = ".".join(str(p) for p in item.get("loc", ()))
+            path = next((k for k in user if k == loc or k.endswith("." + loc)), None)
+            if path is not None:
+                raise TrainError(f"deepspeed.{path}: {user[path]!r} is not accepted by DeepSpeed: "
+                                 f"{item.get('msg', err)}") from None
+        message = " ".join(str(err).split())
+        raise TrainError(f"the deepspeed.* settings {json.dumps(cfg.deepspeed)} are not accepted by DeepSpeed: "
+                         f"{message[:300]}") from None
 
 
 # ------------------------------------------------------------------------------------------ optimizer + schedule

@@ -47,7 +47,14 @@ import torch.nn.functional as F
 
 from regulargpt.config import Config
 from regulargpt.train import run_dir as rd
-from regulargpt.train.engine import TrainError, build_engine, lr_factor, prepare_process_env, skip_shm_build
+from regulargpt.train.engine import (
+    TrainError,
+    build_engine,
+    check_deepspeed_config,
+    lr_factor,
+    prepare_process_env,
+    skip_shm_build,
+)
 from regulargpt.train.faults import nan_plan, poison
 from regulargpt.train.logging import MetricsLog, peak_flops
 
@@ -92,7 +99,7 @@ def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
         raise TrainError("data.path is empty; prepare a folder with `python data_prep/prepare.py --source "
                          "python-stdlib --out data/stdlib` and pass --set data.path=data/stdlib")
     try:
-        manifest = load_manifest(cfg.data.path)
+        manifest = load_manifest(cfg.data.path, vocab_size=cfg.model.vocab_size)
     except DataError as err:
         raise TrainError(f"data.path={cfg.data.path!r}: {err}") from None
     if manifest["vocab_size"] != cfg.model.vocab_size:
@@ -384,6 +391,7 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
 
         skip_shm_build()
         _quiet_deepspeed()
+        check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
         trainer = _Trainer(cfg, Path(run_dir), env, data)
         return trainer.run(stop)
     finally:
