@@ -182,6 +182,9 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     keep_last: int = 2
     max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
+    # Steps at which `launch/pretrain.py --extend-to` continued a finished run; the LR schedule is re-planned from
+    # each (regulargpt.train.engine.lr_factor). Written by --extend-to, not meant to be set by hand.
+    extended_from: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
         _positive(self, "steps", "lr", "eps", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last")
@@ -199,6 +202,9 @@ class TrainConfig:
         for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "max_bad_steps"):
             if getattr(self, name) < 0:
                 _fail(name, getattr(self, name), "a number >= 0")
+        bounds = [0, *self.extended_from, self.steps]
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):
+            _fail("extended_from", self.extended_from, f"increasing steps between 0 and steps={self.steps}, exclusive")
 
 
 @dataclass

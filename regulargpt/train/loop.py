@@ -56,7 +56,8 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.faults import nan_plan, poison
-from regulargpt.train.logging import MetricsLog, peak_flops
+from regulargpt.peak import PEAK_ENV, cached_peak
+from regulargpt.train.logging import MetricsLog
 
 __all__ = ["StopRequest", "train"]
 
@@ -144,9 +145,8 @@ class _Trainer:
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False)
 
         t = cfg.train
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
-        self.peak, self.peak_source = peak_flops(dtype, device)
+        self.peak, self.peak_source = self._shared_peak(str(device))
         _seed_all(t.seed)  # identical initial weights on every rank
         model = build_model(cfg.model)
         self.flops_per_token = model.flops_per_token(cfg.data.seq_len)
@@ -167,6 +167,24 @@ class _Trainer:
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.data.seq_len * self.world
         self._resume()
         self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
+
+    def _shared_peak(self, device: str) -> tuple[float, str]:
+        """Rank 0 reads the per-machine peak (measured once, 3 s, while the other ranks wait) and sends it to all."""
+        choice = [cached_peak(device, self.cfg.train.precision) if self.rank == 0 else None]
+        if self.world > 1:
+            self.dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    def _mfu(self, tokens_per_s: float) -> float:
+        """Model FLOP/s over the peak, never above 1: a step faster than the peak raises this run's peak (the
+        cache is left alone: flops_per_token is a model count, not a measurement)."""
+        achieved = self.flops_per_token * tokens_per_s / self.world
+        if achieved > self.peak:
+            self.log.message(f"note: step {self.step}: {achieved / 1e9:.0f} GFLOP/s per process, above the peak "
+                             f"{self.peak / 1e9:.0f} GFLOP/s ({self.peak_source}); using it as the peak from now on"
+                             + (f" (check {PEAK_ENV})" if self.peak_source == PEAK_ENV else ""))
+            self.peak, self.peak_source = achieved, f"raised at step {self.step} to the rate this run reached"
+        return achieved / self.peak
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
@@ -341,8 +359,7 @@ class _Trainer:
                 if skipped:
                     rec["skipped"] = True
                 tps = window_tokens / max(window_time, 1e-9)
-                rec.update(tokens=self.tokens, tokens_per_s=tps,
-                           mfu=self.flops_per_token * tps / (self.peak * self.world),
+                rec.update(tokens=self.tokens, tokens_per_s=tps, mfu=self._mfu(tps),
                            elapsed_s=round(time.perf_counter() - run_start, 3))
                 window_time, window_tokens = 0.0, 0
                 if do_eval:
