@@ -442,6 +442,15 @@ def _pretrain(config: str, *sets: str, run_dir: str = "{root}/run") -> list[str]
     return args
 
 
+def _submit(data: str, *sets: str) -> list[str]:
+    """launch/submit.py (a real submit, not a dry run) of one tiny run; its output would go under {root}/run."""
+    args = [sys.executable, "launch/submit.py", "--configs", "configs/tiny/regular_gpt.json", "--data", data,
+            "--runs-root", "{root}/run", "--eval-out", "{root}/run"]
+    for item in sets:
+        args += ["--set", item]
+    return args
+
+
 # name -> (command, every substring the one error line must contain, paths under {root} that must not change).
 # None of them may create {root}/run; the token-id case trains into {root}/run-ids (the error comes with a batch).
 BAD_INPUT = {
@@ -488,6 +497,11 @@ BAD_INPUT = {
                                    "{root}/out.jsonl"], ["--run", "/lm: its model.pt is a language model",
                                                          "not a formal-language classifier", "eval/extrapolate.py"],
                                   ["lm"]),
+    "submit-misspelled-key": (_submit("{data}", "train.stpes=10"), ["run stdlib-regular_gpt-seed0", "train.stpes: "
+                                                                    "unknown key; did you mean 'steps'"], []),
+    "submit-missing-data": (_submit("{root}/nowhere"), ["run nowhere-regular_gpt-seed0", "nowhere does not exist"], []),
+    "submit-vocab-mismatch": (_submit("{data}", "model.vocab_size=1024"),
+                              ["run stdlib-regular_gpt-seed0", "model.vocab_size=1024 does not match"], []),
     "checkpoints-but-no-model-pt": ([sys.executable, "eval/extrapolate.py", "--runs", "{root}/unexported", "--data",
                                      "{data}", "--out", "{root}/run"], ["unexported has no model.pt but has checkpoints",
                                                                         "python launch/export.py"], ["unexported"]),

@@ -1,16 +1,21 @@
 """Operations (issue 14): the shared peak meter, extending a finished run, submitting sweeps, and stopping a run under
 every launcher (plain python, torchrun, the deepspeed runner, Ctrl-C to the process group).
 
-The bad inputs of the same issue are cases of tests/test_faults.py::test_bad_input_is_one_line_exit_2_and_changes_nothing;
-the LR schedule's formula is tests/test_pretrain.py::test_lr_schedule_and_deepspeed_config.
+The bad inputs of the same issue (submit.py's validation included) are cases of tests/test_faults.py::
+test_bad_input_is_one_line_exit_2_and_changes_nothing; the LR formula is tests/test_pretrain.py::
+test_lr_schedule_and_deepspeed_config.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from regulargpt import peak
 
@@ -33,3 +38,71 @@ def test_peak_is_measured_once_per_machine_then_cached_and_only_raised(tmp_path:
     assert peak.cached_peak("cpu", "fp32", threads=1)[0] == flops * 2
     monkeypatch.setenv(peak.PEAK_ENV, "5e9")
     assert peak.cached_peak("cpu", "fp32", threads=1) == (5e9, peak.PEAK_ENV)
+
+
+# ---------------------------------------------------------------------------------------------- submitting sweeps
+
+
+def _submit_module():
+    spec = importlib.util.spec_from_file_location("submit", ROOT / "launch" / "submit.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["submit"] = module  # its dataclass resolves annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sweep(data_dir: Path, root: Path, *extra: str) -> list[str]:
+    return ["--configs", str(ROOT / "configs/tiny/regular_gpt.json"), str(ROOT / "configs/tiny/alibi.json"),
+            "--seeds", "0", "1", "--data", str(data_dir), "--set", "model.vocab_size=512",
+            "--runs-root", str(root / "runs"), "--eval-out", str(root / "eval"), *extra]
+
+
+def test_submit_dry_run_prints_a_summary_and_writes_every_script(data_dir: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    submit = _submit_module()
+    finished = tmp_path / "runs" / data_dir.name / "alibi-seed1"
+    finished.mkdir(parents=True)
+    (finished / "model.pt").write_bytes(b"")  # a finished run: not queued again, still evaluated and compared
+    assert submit.main(_sweep(data_dir, tmp_path, "--nodes", "2", "--gpus-per-node", "8", "--dry-run")) == 0
+    out, err = capsys.readouterr()
+    assert out.count("#!/bin/bash") == 1 and len(out.splitlines()) < 110  # one example script, not eight
+    assert "# 4 run(s): 2 config(s) x 2 seed(s) x 1 dataset(s); 1 already finished" in out
+    assert "# pretraining: 3 job(s) x 2 node(s) x 8 GPU(s)" in out and "set -- --config" in out
+    assert "--dependency=afterok:<pretrain id>" in out and "nothing submitted (--dry-run)" in out
+    assert "warning: no --cpus-per-task (SLURM: 1 CPU) for --gpus-per-node 8 gives each rank 0.12 CPUs" in err
+    dry = tmp_path / "eval" / "sweep" / "dry-run"
+    commands = (dry / "sbatch.txt").read_text().splitlines()
+    assert len(commands) == 3 + 4 + 1 and len(list(dry.rglob("*.sbatch"))) == 8
+    assert not any("pt-stdlib-alibi-seed1" in c for c in commands)
+    assert commands[-1].startswith("sbatch --parsable '--dependency=afterok:<job 2>:<job 4>:<job 6>:<job 7>'")
+    assert "eval/compare.py" in (dry / "compare.sbatch").read_text()
+    assert not (tmp_path / "runs" / data_dir.name / "alibi-seed0").exists()  # a dry run writes only under dry-run/
+
+    assert submit.main(_sweep(data_dir, tmp_path / "b", "--no-eval", "--gpus-per-node", "4", "--cpus-per-task", "32",
+                              "--dry-run")) == 0
+    out, err = capsys.readouterr()
+    assert "evaluation: none (--no-eval)" in out and "comparison" not in out and "warning" not in err
+    assert not list((tmp_path / "b").rglob("evaluate.sbatch")) and not list((tmp_path / "b").rglob("compare.sbatch"))
+
+
+def test_submit_queues_evaluations_after_training_and_one_comparison_after_all(data_dir: Path, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A fake `sbatch` on PATH records each call and answers ids 101, 102, …"""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.log"
+    (bin_dir / "sbatch").write_text('#!/bin/sh\nn=$(( $(wc -l < "%s" 2>/dev/null || echo 0) + 101 ))\n'
+                                    'echo "$n $*" >> "%s"\ncat > /dev/null\necho "$n"\n' % (log, log))
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert _submit_module().main(_sweep(data_dir, tmp_path, "--seeds", "0")) == 0  # 2 runs
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["101", "102", "103", "104", "105"]
+    assert "--dependency=afterok:101 " in calls[1] and "--dependency=afterok:103 " in calls[3]
+    assert "--dependency=afterok:102:104 " in calls[4] and "--job-name=cmp-sweep" in calls[4]
+    jobs = json.loads((tmp_path / "eval" / "sweep" / "jobs.json").read_text())
+    assert jobs["comparison"] == {"compare": "105"} and jobs[f"{data_dir.name}-alibi-seed0"]["evaluate"] == "104"
+    run_dir = tmp_path / "runs" / data_dir.name / "regular_gpt-seed0"
+    assert "set -- --config" in (run_dir / "slurm" / "pretrain.sbatch").read_text()
+    assert "comparison: 105 after 2 evaluation(s)" in capsys.readouterr().out

@@ -59,7 +59,7 @@ from regulargpt.train.faults import nan_plan, poison
 from regulargpt.peak import PEAK_ENV, cached_peak
 from regulargpt.train.logging import MetricsLog
 
-__all__ = ["StopRequest", "train"]
+__all__ = ["StopRequest", "open_data", "train"]
 
 
 class StopRequest:
@@ -91,7 +91,7 @@ def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
             "train_tokens": manifest["splits"]["train"]["tokens"], "val_tokens": manifest["splits"]["val"]["tokens"]}
 
 
-def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
+def open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
     """Train and val splits; clear errors for a missing folder, a vocabulary or tokenizer mismatch, a truncated
     token file or a too-short split."""
     from regulargpt.data import DataError, check_tokenizer, load_manifest, open_split
@@ -400,7 +400,7 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
     if cfg.train.precision == "fp16" and not torch.cuda.is_available():
         raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
                          "use --set train.precision=bf16 or fp32")
-    data = _open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
+    data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     stop = StopRequest()
     stop.install()
     try:
