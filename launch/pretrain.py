@@ -6,6 +6,7 @@ Examples:
     deepspeed --num_gpus 2 launch/pretrain.py --config configs/tiny/alibi.json    # CPU: 2 processes (gloo)
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
+    python launch/pretrain.py --config configs/tiny/regular_gpt.json --set data.path=data/tiny --extend-to 600
 
 Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
 model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done or stopped by SIGTERM/SIGUSR1
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (repeatable), e.g. --set train.zero_stage=2 --set data.path=data/tiny")
     p.add_argument("--run-dir", help="run directory (default runs/<config stem>-seed<seed>), e.g. --run-dir runs/a")
+    p.add_argument("--extend-to", type=int, metavar="N",
+                   help="continue the finished run in the run directory to N optimizer steps, the LR schedule "
+                        "re-planned from its last step (docs/TRAINING.md); rerun with the same flag to resume, "
+                        "e.g. --extend-to 20000")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -42,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     from regulargpt.train import default_run_dir, train
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
+    if args.extend_to is not None:
+        from regulargpt.train.run_dir import extension_config
+
+        cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir)
     if rank == 0 and summary["preempted"]:
         print(f"stopped at step {summary['step']} on a signal; checkpoint saved in {run_dir}; rerun the same command "

@@ -11,11 +11,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+import torch
+from helpers import ROOT, TINY, pretrain, pretrain_args, pretrain_cmd, read_metrics, run_env
 
 from regulargpt import peak
 
@@ -85,9 +87,8 @@ def test_submit_dry_run_prints_a_summary_and_writes_every_script(data_dir: Path,
     assert not list((tmp_path / "b").rglob("evaluate.sbatch")) and not list((tmp_path / "b").rglob("compare.sbatch"))
 
 
-def test_submit_queues_evaluations_after_training_and_one_comparison_after_all(data_dir: Path, tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch,
-                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_queues_evaluations_after_training_and_a_comparison_after_all(
+        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A fake `sbatch` on PATH records each call and answers ids 101, 102, …"""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -106,3 +107,56 @@ def test_submit_queues_evaluations_after_training_and_one_comparison_after_all(d
     run_dir = tmp_path / "runs" / data_dir.name / "regular_gpt-seed0"
     assert "set -- --config" in (run_dir / "slurm" / "pretrain.sbatch").read_text()
     assert "comparison: 105 after 2 evaluation(s)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ extending a finished run
+
+COSINE = ["train.steps=8", "train.schedule=cosine", "train.warmup_fraction=0.25", "train.min_lr_ratio=0.1",
+          "train.save_every=4", "train.eval_every=4", "train.keep_last=3"]
+
+
+def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(data_dir: Path, tmp_path: Path) -> None:
+    """8 steps (warmup 2, cosine to 0.1·lr at the last step), then --extend-to 16: the LR goes from the minimum back
+    to the peak over round(0.25 · 8) = 2 steps and down to the minimum again at step 16; data and metrics continue."""
+    from regulargpt.config import load_config
+    from regulargpt.train import lr_factor
+    from regulargpt.train import run_dir as rd
+
+    run_dir = tmp_path / "run"
+    pretrain(data_dir, run_dir, *COSINE)
+    first = read_metrics(run_dir)
+    lr = 0.003  # TINY's
+    assert first[-1]["step"] == 8 and first[-1]["lr"] == pytest.approx(0.1 * lr, rel=1e-12)  # min_lr at the last step
+
+    cmd = pretrain_cmd(1) + pretrain_args(data_dir, run_dir, *COSINE)
+    refused = subprocess.run(cmd + ["--set", "train.steps=16"], cwd=ROOT, env=run_env(), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "train.steps: run has 8, now 16" in refused.stderr
+    assert "pass --extend-to N (it has 8)" in refused.stderr
+    extended = subprocess.run(cmd + ["--extend-to", "16"], cwd=ROOT, env=run_env(), capture_output=True, text=True,
+                              timeout=240)
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    assert "extending the finished run from step 8 to 16 (LR from 0.0003 back to 0.003 over 2 step(s), then " \
+           "cosine to 0.0003 at step 16)" in extended.stderr
+
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 17)) and rows[:8] == first  # no gap, history kept
+    cfg = load_config(ROOT / "configs/tiny/regular_gpt.json", [f"data.path={data_dir}", *TINY, *COSINE,
+                                                               "train.steps=16", "train.extended_from=8"])
+    assert [r["lr"] for r in rows] == [lr * lr_factor(s, cfg) for s in range(16)]
+    assert rows[8]["lr"] == pytest.approx(lr * 0.55) and rows[9]["lr"] == lr
+    assert rows[15]["lr"] == pytest.approx(0.1 * lr)
+    state = rd.read_trainer_state(run_dir, 16)
+    assert state["sampler"]["consumed_steps"] == 16 and state["step"] == 16  # the data continued at step 9
+    with rd.safe_loading():
+        saved = torch.load(run_dir / "global_step16" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert saved["lr_scheduler"]["_last_lr"][0] == pytest.approx(lr * lr_factor(16, cfg))  # the new schedule's
+    assert torch.load(run_dir / "model.pt", weights_only=True)["meta"]["step"] == 16
+    assert torch.load(run_dir / "model_step8.pt", weights_only=True)["meta"]["step"] == 8  # the first export, kept
+
+    again = subprocess.run(cmd + ["--extend-to", "16"], cwd=ROOT, env=run_env(), capture_output=True, text=True,
+                           timeout=240)  # a rerun of the same command: finished, nothing to do
+    assert again.returncode == 0 and "already finished at step 16/16" in again.stderr
+    fewer = subprocess.run(cmd + ["--extend-to", "12"], cwd=ROOT, env=run_env(), capture_output=True, text=True)
+    assert fewer.returncode == 2 and "error: --extend-to 12: the run in" in fewer.stderr
+    assert "already has train.steps=16" in fewer.stderr and read_metrics(run_dir) == rows

@@ -138,7 +138,9 @@ class _Trainer:
         self.rank, self.world = env["rank"], env["world_size"]
         train_split, val_split, manifest = data
         self.fingerprint = _data_fingerprint(manifest)
-        rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        if extending is not None and self.rank == 0:
+            rd.set_aside_export(run_dir, extending)
         run_dir.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
@@ -248,6 +250,10 @@ class _Trainer:
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
         self.sampler.load_state_dict(state["sampler"])
         rd.load_rng(self.run_dir, step, self.rank)
+        # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
+        # schedule, so set it from this config's (for an ordinary resume this is the same value).
+        for group, base in zip(self.scheduler.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * lr_factor(step, self.cfg)
         self.step, self.tokens, self.bad_steps = state["step"], state["tokens"], state.get("bad_steps", 0)
 
     # --------------------------------------------------------------------------------------------- training
@@ -332,6 +338,12 @@ class _Trainer:
                              f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})")
         elif self.step >= t.steps:
             self.log.message(f"{self.run_dir}: already finished at step {self.step}/{t.steps}; nothing to train")
+        elif t.extended_from and self.step == t.extended_from[-1]:
+            rewarm = round(t.warmup_fraction * (t.steps - self.step))
+            plan = ("LR constant" if t.schedule == "constant" else
+                    f"LR from {t.min_lr_ratio * t.lr:.3g} back to {t.lr:.3g} over {rewarm} step(s), then cosine to "
+                    f"{t.min_lr_ratio * t.lr:.3g} at step {t.steps}")
+            self.log.message(f"{self.run_dir}: extending the finished run from step {self.step} to {t.steps} ({plan})")
         else:
             self.log.message(f"{self.run_dir}: resuming at step {self.step}/{t.steps}")
         self.engine.train()
