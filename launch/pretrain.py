@@ -9,8 +9,9 @@ Examples:
     python launch/pretrain.py --config configs/tiny/regular_gpt.json --set data.path=data/tiny --extend-to 600
 
 Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
-model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done or stopped by SIGTERM/SIGUSR1
-after a checkpoint, 2 for a config/data/checkpoint/setup error (one line `error: ...`, no traceback).
+model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint
+by SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
+config/data/checkpoint/setup error (one line `error: ...`, no traceback); 130 for Ctrl-C before training started.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir)
     if rank == 0 and summary["preempted"]:
-        print(f"stopped at step {summary['step']} on a signal; checkpoint saved in {run_dir}; rerun the same command "
-              "to resume", file=sys.stderr)
+        print(f"stopped at step {summary['step']} ({summary['stop_reason'] or 'on another rank'}); checkpoint saved "
+              f"in {run_dir}; rerun the same command to resume: {summary['resume_command']}", file=sys.stderr)
     return 0
 
 

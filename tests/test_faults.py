@@ -238,7 +238,7 @@ def test_sigusr1_saves_a_checkpoint_and_exits_0(data_dir: Path, tmp_path: Path) 
     proc.send_signal(signal.SIGUSR1)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    assert "stop requested (signal)" in out and "rerun the same command to resume" in out
+    assert "stop requested (signal SIGUSR1)" in out and "rerun the same command to resume: python " in out
     stopped = latest_step(run_dir)
     assert 2 <= stopped < 12 and rd.verify_checkpoint(run_dir, stopped) == ""
     assert not (run_dir / "model.pt").exists()
@@ -254,15 +254,17 @@ def test_a_second_signal_after_the_grace_period_exits_at_once(tmp_path: Path) ->
         "os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.05)\n"
         "assert stop.requested and stop.signum == signal.SIGUSR1\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05)  # within the grace period: the same request\n"
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(0.05)  # Ctrl-C too: no KeyboardInterrupt\n"
+        "assert stop.reason == 'signal SIGUSR1'\n"
         "print('still running', flush=True)\n"
         "time.sleep(0.6)\n"
-        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)  # a second Ctrl-C\n"
         "print('not reached', flush=True)\n"
     )
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=run_env(), capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     assert proc.stdout.split() == ["still", "running"] and time.perf_counter() - start < 5
 
 

@@ -8,18 +8,36 @@ test_lr_schedule_and_deepspeed_config.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from helpers import ROOT, TINY, pretrain, pretrain_args, pretrain_cmd, read_metrics, run_env
+from helpers import (
+    ROOT,
+    TINY,
+    ZERO3,
+    latest_step,
+    pretrain,
+    pretrain_args,
+    pretrain_cmd,
+    read_losses,
+    read_metrics,
+    run_env,
+    wait_for,
+)
 
 from regulargpt import peak
+from regulargpt.train import run_dir as rd
 
 # ------------------------------------------------------------------------------------------------ peak meter
 
@@ -119,8 +137,7 @@ def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(dat
     """8 steps (warmup 2, cosine to 0.1·lr at the last step), then --extend-to 16: the LR goes from the minimum back
     to the peak over round(0.25 · 8) = 2 steps and down to the minimum again at step 16; data and metrics continue."""
     from regulargpt.config import load_config
-    from regulargpt.train import lr_factor
-    from regulargpt.train import run_dir as rd
+    from regulargpt.train import TrainError, lr_factor
 
     run_dir = tmp_path / "run"
     pretrain(data_dir, run_dir, *COSINE)
@@ -128,11 +145,11 @@ def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(dat
     lr = 0.003  # TINY's
     assert first[-1]["step"] == 8 and first[-1]["lr"] == pytest.approx(0.1 * lr, rel=1e-12)  # min_lr at the last step
 
+    base = load_config(ROOT / "configs/tiny/regular_gpt.json", [f"data.path={data_dir}", *TINY, *COSINE])
+    more = dataclasses.replace(base, train=dataclasses.replace(base.train, steps=16))
+    with pytest.raises(TrainError, match=r"train.steps: run has 8, now 16.*pass --extend-to N \(it has 8\)"):
+        rd.check_or_write_config(run_dir, more, write=False)  # raising train.steps alone is still refused
     cmd = pretrain_cmd(1) + pretrain_args(data_dir, run_dir, *COSINE)
-    refused = subprocess.run(cmd + ["--set", "train.steps=16"], cwd=ROOT, env=run_env(), capture_output=True,
-                             text=True, timeout=120)
-    assert refused.returncode == 2 and "train.steps: run has 8, now 16" in refused.stderr
-    assert "pass --extend-to N (it has 8)" in refused.stderr
     extended = subprocess.run(cmd + ["--extend-to", "16"], cwd=ROOT, env=run_env(), capture_output=True, text=True,
                               timeout=240)
     assert extended.returncode == 0, extended.stderr[-3000:]
@@ -141,8 +158,7 @@ def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(dat
 
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 17)) and rows[:8] == first  # no gap, history kept
-    cfg = load_config(ROOT / "configs/tiny/regular_gpt.json", [f"data.path={data_dir}", *TINY, *COSINE,
-                                                               "train.steps=16", "train.extended_from=8"])
+    cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, steps=16, extended_from=[8]))
     assert [r["lr"] for r in rows] == [lr * lr_factor(s, cfg) for s in range(16)]
     assert rows[8]["lr"] == pytest.approx(lr * 0.55) and rows[9]["lr"] == lr
     assert rows[15]["lr"] == pytest.approx(0.1 * lr)
@@ -154,9 +170,65 @@ def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(dat
     assert torch.load(run_dir / "model.pt", weights_only=True)["meta"]["step"] == 16
     assert torch.load(run_dir / "model_step8.pt", weights_only=True)["meta"]["step"] == 8  # the first export, kept
 
-    again = subprocess.run(cmd + ["--extend-to", "16"], cwd=ROOT, env=run_env(), capture_output=True, text=True,
-                           timeout=240)  # a rerun of the same command: finished, nothing to do
-    assert again.returncode == 0 and "already finished at step 16/16" in again.stderr
-    fewer = subprocess.run(cmd + ["--extend-to", "12"], cwd=ROOT, env=run_env(), capture_output=True, text=True)
-    assert fewer.returncode == 2 and "error: --extend-to 12: the run in" in fewer.stderr
-    assert "already has train.steps=16" in fewer.stderr and read_metrics(run_dir) == rows
+    assert rd.extension_config(run_dir, base, 16) == cfg  # rerunning the command: the same (finished) extension
+    with pytest.raises(TrainError, match=r"--extend-to 12: the run in .* already has train.steps=16"):
+        rd.extension_config(run_dir, base, 12)
+    (run_dir / "latest").write_text("global_step12")  # as if the extension had stopped at step 12
+    with pytest.raises(TrainError, match=r"--extend-to 20: the run in .* is at step 12 of 16; let it finish first"):
+        rd.extension_config(run_dir, base, 20)
+
+
+# ------------------------------------------------------------------------------------------- stopping a run
+
+
+def _stop(cmd: list[str], run_dir: Path, after: int, send: Callable[[subprocess.Popen], None]) -> str:
+    """Start `cmd` in a session of its own, wait for a checkpoint newer than `after`, `send` the stop, and return
+    the output once every process it started has ended (none may be left behind)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    wait_for(proc, lambda: latest_step(run_dir) > after)
+    assert proc.poll() is None, "the run ended before it was stopped"
+    family = psutil.Process(proc.pid).children(recursive=True)  # launcher(s) and both ranks
+    send(proc)
+    out, _ = proc.communicate(timeout=120)  # returns when every writer of the pipe (each rank) has exited
+    _, alive = psutil.wait_procs(family, timeout=60)
+    assert not alive, out[-3000:]
+    return out
+
+
+def test_zero3_stopped_under_each_launcher_and_by_ctrl_c_resumes_exactly(zero3_run: Path, data_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    """Two ranks, ZeRO-3, stopped three times: SIGTERM to torchrun (it forwards it); SIGTERM to the `deepspeed`
+    runner's pid alone (DeepSpeed leaves its launch process and the ranks running: the ranks notice their launcher
+    is gone); Ctrl-C, i.e. SIGINT to the runner's whole process group. Each time: a checkpoint, exit, nothing left
+    running. Resumed once more under torchrun, the run ends with the uninterrupted run's losses and weights
+    (train.save_every=2 instead of 3 only adds checkpoints)."""
+    run_dir = tmp_path / "run"
+    args = pretrain_args(data_dir, run_dir, *ZERO3, "train.save_every=2", "train.keep_last=3")
+    def stopped() -> int:
+        step = latest_step(run_dir)
+        assert rd.verify_checkpoint(run_dir, step) == "" and not (run_dir / "model.pt").exists()
+        return step
+
+    out = _stop(pretrain_cmd(2) + args, run_dir, 0, lambda p: p.send_signal(signal.SIGTERM))
+    stops = [stopped()]
+    assert "stop requested (signal SIGTERM)" in out and "resume: torchrun --standalone --nproc_per_node 2" in out
+
+    out = _stop(pretrain_cmd(2, "deepspeed") + args, run_dir, stops[-1], lambda p: p.send_signal(signal.SIGTERM))
+    stops.append(stopped())
+    assert re.search(r"stop requested \((another rank's )?launcher (deepspeed \(pid \d+\) )?is gone\)", out), out[-3000:]
+    assert "rerun the same command to resume: deepspeed --num_gpus 2 --master_port" in out
+
+    out = _stop(pretrain_cmd(2, "deepspeed") + args, run_dir, stops[-1], lambda p: os.killpg(p.pid, signal.SIGINT))
+    stops.append(stopped())
+    assert f"resuming at step {stops[1]}" in out and "stop requested (signal SIGINT)" in out, out[-3000:]
+    assert 'pretrain.py", line' not in out  # no rank printed a KeyboardInterrupt traceback (the runner does)
+
+    assert 0 < stops[0] < stops[1] < stops[2] < 12, stops
+    final = pretrain(data_dir, run_dir, *ZERO3, nproc=2)
+    assert f"resuming at step {stops[2]}" in final.stderr
+    assert read_losses(run_dir) == read_losses(zero3_run)
+    assert read_metrics(run_dir)[-1]["val_loss"] == read_metrics(zero3_run)[-1]["val_loss"]
+    a = torch.load(zero3_run / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(run_dir / "model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

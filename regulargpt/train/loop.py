@@ -14,10 +14,12 @@ Batches come from ``WindowSampler(train split, T, micro-batch, seed, rank, world
 Validation uses the first ``eval_batches`` batches of a sampler over the val split with the same seed: the same
 fixed windows at every evaluation, averaged over ranks.
 
-Preemption: the first SIGTERM or SIGUSR1 asks for a stop; after the current step every rank agrees (one all-reduce
-per step), a checkpoint is written and :func:`train` returns ``{"preempted": True, ...}`` (the launcher exits 0).
-A second signal arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM
-and torchrun within that window count as one).
+Preemption: the first SIGTERM, SIGUSR1 or SIGINT (Ctrl-C), or the end of the launcher that started this rank
+(:mod:`regulargpt.train.lifeline`: DeepSpeed's runner or torchrun killed), asks for a stop; after the current step
+every rank agrees (one all-reduce per step), a checkpoint is written and :func:`train` returns
+``{"preempted": True, ...}`` with the reason and the command that resumes (the launcher exits 0). A second signal
+arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM and torchrun, or
+by a terminal and the deepspeed launcher, within that window count as one).
 
 Non-finite steps: before each backward every rank's loss is checked and the verdict all-reduced, so all ranks agree.
 A bad first micro-batch skips the step's backward and optimizer step outright; a bad later micro-batch (under
@@ -46,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from regulargpt.config import Config
+from regulargpt.peak import PEAK_ENV, cached_peak
 from regulargpt.train import run_dir as rd
 from regulargpt.train.engine import (
     TrainError,
@@ -56,21 +59,24 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.faults import nan_plan, poison
-from regulargpt.peak import PEAK_ENV, cached_peak
+from regulargpt.train.lifeline import Lifeline, launch_command
 from regulargpt.train.logging import MetricsLog
 
 __all__ = ["StopRequest", "open_data", "train"]
 
 
 class StopRequest:
-    """SIGTERM/SIGUSR1 → ``requested``; a repeat signal more than `grace_s` later ends the process at once."""
+    """SIGTERM, SIGUSR1, SIGINT (Ctrl-C) or :meth:`request` (the launcher is gone) → ``requested``, with a
+    ``reason``; a signal more than `grace_s` after the first request ends the process at once (status 128 + signal)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self, grace_s: float = 2.0) -> None:
-        self.requested, self.first_at, self.grace_s, self.signum = False, 0.0, grace_s, 0
+        self.requested, self.first_at, self.grace_s, self.signum, self.reason = False, 0.0, grace_s, 0, ""
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
@@ -78,12 +84,21 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    @property
+    def by_signal(self) -> bool:
+        return self.signum != 0
+
+    def request(self, reason: str) -> None:
+        """Ask for a stop (from any thread); a later request or signal within `grace_s` is the same request."""
+        if not self.requested:
+            self.requested, self.first_at, self.reason = True, time.monotonic(), reason
+
     def _handle(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if self.requested and now - self.first_at > self.grace_s:
+        if self.requested and time.monotonic() - self.first_at > self.grace_s:
             os._exit(128 + signum)
         if not self.requested:
-            self.requested, self.first_at, self.signum = True, now, signum
+            self.signum = signum
+            self.request(f"signal {signal.Signals(signum).name}")
 
 
 def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +370,9 @@ class _Trainer:
             lr = t.lr * lr_factor(self.step, cfg)
             self.step += 1
             self.tokens += self.tokens_per_step
-            loss_sum, stops = self._all_sum([loss, float(stop.requested)])
+            requested, by_signal = stop.requested, stop.by_signal  # (a signal may arrive in between: next step)
+            loss_sum, signalled, orphaned = self._all_sum([loss, float(requested and by_signal),
+                                                           float(requested and not by_signal)])
             loss = loss_sum / self.world
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
@@ -377,8 +394,10 @@ class _Trainer:
                 if do_eval:
                     last_val = rec["val_loss"] = self.validate()
                 self.log.record(rec)
-            if stops > 0 and not final:
-                self.log.message(f"step {self.step}: stop requested (signal); saving a checkpoint and exiting")
+            if signalled + orphaned > 0 and not final:
+                stop.reason = stop.reason or ("a signal to another rank" if signalled else "another rank's launcher "
+                                              "is gone")
+                self.log.message(f"step {self.step}: stop requested ({stop.reason}); saving a checkpoint and exiting")
                 self.save()
                 preempted = True
                 break
@@ -404,7 +423,8 @@ def _quiet_deepspeed() -> None:
 
 
 def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
-    """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir"}."""
+    """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir",
+    "stop_reason", "resume_command"} (the last two say why a preempted run stopped and how to continue it)."""
     # DeepSpeed ZeRO-3 calls these collectives every step; torch 2.13 warns on each call.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
@@ -415,6 +435,8 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
     data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     stop = StopRequest()
     stop.install()
+    lifeline = Lifeline(stop.request)  # under a launcher: its end is a stop request too
+    resume = launch_command(lifeline.start())
     try:
         import deepspeed  # noqa: F401  (after prepare_process_env: DS_ACCELERATOR must be set first)
 
@@ -422,6 +444,7 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
         _quiet_deepspeed()
         check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
         trainer = _Trainer(cfg, Path(run_dir), env, data)
-        return trainer.run(stop)
+        return {**trainer.run(stop), "stop_reason": stop.reason, "resume_command": resume}
     finally:
+        lifeline.stop()
         stop.uninstall()

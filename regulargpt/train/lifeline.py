@@ -1,0 +1,116 @@
+"""Stop a training rank whose launcher is gone, the way a SIGTERM stops it: finish the step, checkpoint, exit.
+
+``kill -TERM <pid of the deepspeed command>`` ends DeepSpeed's runner silently; its per-node
+``deepspeed.launcher.launch`` and the ranks under it are re-parented and would train on with nobody to stop them.
+Likewise a torchrun agent killed with SIGKILL leaves its ranks behind. At start-up :class:`Lifeline` records the chain
+of launcher processes above this rank — its parent when that is a launcher, then the parent's parent while that is
+one too (rank → ``deepspeed.launcher.launch`` → the ``deepspeed`` runner; rank → ``torchrun``) — and a daemon thread
+checks every `interval` seconds that each is still alive (same pid and start time, not a zombie). When one is gone
+it calls ``on_gone(reason)`` once; the trainer treats that as a stop request, so every rank checkpoints at the same
+step (the stop flag is all-reduced) and exits 0. A process not started by a launcher (plain ``python
+launch/pretrain.py``, even under nohup or a shell that exits) watches nothing.
+
+    lifeline = Lifeline(lambda reason: print(reason))
+    lifeline.start()          # → the watched processes, e.g. [torchrun (pid 812)]
+    ...
+    lifeline.stop()
+
+Launchers are recognised by their command line: an argument among the first four named ``torchrun`` or
+``deepspeed`` (the console scripts), or the module names ``torch.distributed.run``, ``torch.distributed.launch``,
+``deepspeed.launcher.launch``, ``deepspeed.launcher.runner``. :func:`launch_command` is the command a user ran (the
+top launcher's, or this process's own), for the "resume with" line.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+__all__ = ["LAUNCHERS", "launcher_chain", "launch_command", "Lifeline"]
+
+LAUNCHERS = {"torchrun", "deepspeed", "torch.distributed.run", "torch.distributed.launch",
+             "deepspeed.launcher.launch", "deepspeed.launcher.runner"}
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except (psutil.Error, OSError):
+        return []
+
+
+def _is_launcher(proc: psutil.Process) -> bool:
+    return any(arg in LAUNCHERS or Path(arg).name in LAUNCHERS for arg in _cmdline(proc)[:4])
+
+
+def launcher_chain(pid: int | None = None) -> list[psutil.Process]:
+    """The launcher processes above `pid` (default: this process), nearest first; [] when its parent is none."""
+    chain: list[psutil.Process] = []
+    try:
+        proc = psutil.Process(pid or os.getpid()).parent()
+        while proc is not None and _is_launcher(proc):
+            chain.append(proc)
+            proc = proc.parent()
+    except psutil.Error:
+        pass
+    return chain
+
+
+def launch_command(chain: list[psutil.Process]) -> str:
+    """The command that started this run, e.g. ``deepspeed --num_gpus 2 launch/pretrain.py --config …``: the top
+    launcher's command line (without its python interpreter), or this process's own (``python launch/pretrain.py …``);
+    DeepSpeed's ``--local_rank`` argument is left out."""
+    words = _cmdline(chain[-1]) if chain else ["python", *sys.argv]
+    if len(words) > 1 and Path(words[1]).name in LAUNCHERS:
+        words = [Path(words[1]).name, *words[2:]]  # "/venv/bin/python /venv/bin/deepspeed …" → "deepspeed …"
+    return shlex.join(w for w in words if not w.startswith("--local_rank"))
+
+
+def _label(proc: psutil.Process) -> str:
+    """e.g. 'deepspeed (pid 812)'."""
+    words = _cmdline(proc)[:4]
+    name = next((Path(w).name for w in words if w in LAUNCHERS or Path(w).name in LAUNCHERS), "launcher")
+    return f"{name} (pid {proc.pid})"
+
+
+class Lifeline:
+    """A daemon thread that calls ``on_gone(reason)`` once, when a launcher above this process has ended."""
+
+    def __init__(self, on_gone: Callable[[str], None], interval: float = 0.5) -> None:
+        self.on_gone, self.interval = on_gone, interval
+        self.watched: list[psutil.Process] = []
+        self._labels: list[str] = []
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> list[psutil.Process]:
+        self.watched = launcher_chain()
+        self._labels = [_label(proc) for proc in self.watched]  # while their command lines can still be read
+        if self.watched:
+            self._thread = threading.Thread(target=self._watch, name="regulargpt-lifeline", daemon=True)
+            self._thread.start()
+        return self.watched
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _gone(self, proc: psutil.Process) -> bool:
+        try:
+            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval):
+            for proc, label in zip(self.watched, self._labels):
+                if self._gone(proc):
+                    self.on_gone(f"launcher {label} is gone")
+                    return
