@@ -16,7 +16,7 @@ setup(
         "wandb",
         "matplotlib",
         "tqdm",
-        "psutil",  # training ranks watch their launcher (regulargpt/train/lifeline.py)
+        "psutil",  # training ranks watch their launcher (regulargpt/train/stopping.py)
     ],
     extras_require={"dev": ["pytest"]},
 )

@@ -248,7 +248,7 @@ def test_a_second_signal_after_the_grace_period_exits_at_once(tmp_path: Path) ->
     script = tmp_path / "signals.py"
     script.write_text(
         "import os, signal, time\n"
-        "from regulargpt.train.loop import StopRequest\n"
+        "from regulargpt.train.stopping import StopRequest\n"
         "stop = StopRequest(grace_s=0.5)\n"
         "stop.install()\n"
         "os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.05)\n"

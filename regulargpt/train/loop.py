@@ -15,7 +15,7 @@ Validation uses the first ``eval_batches`` batches of a sampler over the val spl
 fixed windows at every evaluation, averaged over ranks.
 
 Preemption: the first SIGTERM, SIGUSR1 or SIGINT (Ctrl-C), or the end of the launcher that started this rank
-(:mod:`regulargpt.train.lifeline`: DeepSpeed's runner or torchrun killed), asks for a stop; after the current step
+(:mod:`regulargpt.train.stopping`: DeepSpeed's runner or torchrun killed), asks for a stop; after the current step
 every rank agrees (one all-reduce per step), a checkpoint is written and :func:`train` returns
 ``{"preempted": True, ...}`` with the reason and the command that resumes (the launcher exits 0). A second signal
 arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM and torchrun, or
@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import logging as _stdlib_logging
 import math
-import os
 import random
-import signal
 import sys
 import time
 import warnings
@@ -59,46 +57,10 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.faults import nan_plan, poison
-from regulargpt.train.lifeline import Lifeline, launch_command
 from regulargpt.train.logging import MetricsLog
+from regulargpt.train.stopping import Lifeline, StopRequest, launch_command
 
-__all__ = ["StopRequest", "open_data", "train"]
-
-
-class StopRequest:
-    """SIGTERM, SIGUSR1, SIGINT (Ctrl-C) or :meth:`request` (the launcher is gone) → ``requested``, with a
-    ``reason``; a signal more than `grace_s` after the first request ends the process at once (status 128 + signal)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self, grace_s: float = 2.0) -> None:
-        self.requested, self.first_at, self.grace_s, self.signum, self.reason = False, 0.0, grace_s, 0, ""
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    @property
-    def by_signal(self) -> bool:
-        return self.signum != 0
-
-    def request(self, reason: str) -> None:
-        """Ask for a stop (from any thread); a later request or signal within `grace_s` is the same request."""
-        if not self.requested:
-            self.requested, self.first_at, self.reason = True, time.monotonic(), reason
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested and time.monotonic() - self.first_at > self.grace_s:
-            os._exit(128 + signum)
-        if not self.requested:
-            self.signum = signum
-            self.request(f"signal {signal.Signals(signum).name}")
+__all__ = ["open_data", "train"]
 
 
 def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Stop a training rank whose launcher is gone, the way a SIGTERM stops it: finish the step, checkpoint, exit.
+"""Stopping a training run: signals (:class:`StopRequest`) and the end of the launcher (:class:`Lifeline`).
+
+A stop request — SIGTERM, SIGUSR1 (SLURM, 120 s before the time limit), SIGINT (Ctrl-C), or the launcher gone —
+makes every rank finish its step and checkpoint at the same step (the loop all-reduces the flags), then exit 0.
 
 ``kill -TERM <pid of the deepspeed command>`` ends DeepSpeed's runner silently; its per-node
 ``deepspeed.launcher.launch`` and the ranks under it are re-parented and would train on with nobody to stop them.
@@ -25,14 +28,53 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-__all__ = ["LAUNCHERS", "launcher_chain", "launch_command", "Lifeline"]
+__all__ = ["StopRequest", "LAUNCHERS", "launcher_chain", "launch_command", "Lifeline"]
+
+class StopRequest:
+    """SIGTERM, SIGUSR1, SIGINT (Ctrl-C) or :meth:`request` (the launcher is gone) → ``requested``, with a
+    ``reason``; a signal more than `grace_s` after the first request ends the process at once (status 128 + signal)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self, grace_s: float = 2.0) -> None:
+        self.requested, self.first_at, self.grace_s, self.signum, self.reason = False, 0.0, grace_s, 0, ""
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    @property
+    def by_signal(self) -> bool:
+        return self.signum != 0
+
+    def request(self, reason: str) -> None:
+        """Ask for a stop (from any thread); a later request or signal within `grace_s` is the same request."""
+        if not self.requested:
+            self.requested, self.first_at, self.reason = True, time.monotonic(), reason
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and time.monotonic() - self.first_at > self.grace_s:
+            os._exit(128 + signum)
+        if not self.requested:
+            self.signum = signum
+            self.request(f"signal {signal.Signals(signum).name}")
+
 
 LAUNCHERS = {"torchrun", "deepspeed", "torch.distributed.run", "torch.distributed.launch",
              "deepspeed.launcher.launch", "deepspeed.launcher.runner"}
