@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 # Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. On a shared or oversubscribed CPU,
 # spinning threads made a tiny run ~20x slower (14 s vs 0.7 s per step, measured); on an idle machine it costs ~nothing.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+PARENT_AT_START = os.getppid()  # before the slow imports: a launcher killed meanwhile is noticed (train/stopping.py)
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from regulargpt.train.run_dir import extension_config
 
         cfg = extension_config(run_dir, cfg, args.extend_to)
-    summary = train(cfg, run_dir)
+    summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)
     if rank == 0 and summary["preempted"]:
         print(f"stopped at step {summary['step']} ({summary['stop_reason'] or 'on another rank'}); checkpoint saved "
               f"in {run_dir}; rerun the same command to resume: {summary['resume_command']}", file=sys.stderr)

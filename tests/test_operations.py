@@ -196,6 +196,20 @@ def _stop(cmd: list[str], run_dir: Path, after: int, send: Callable[[subprocess.
     return out
 
 
+def test_only_a_launcher_is_watched_and_a_rank_orphaned_during_start_up_is_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from regulargpt.train.stopping import launch_command, launcher_chain, orphaned
+
+    assert launcher_chain() == []  # pytest's parent is no launcher: nothing to watch
+    monkeypatch.setattr(sys, "argv", ["launch/pretrain.py", "--config", "a b.json", "--local_rank=0"])
+    assert launch_command([]) == "python launch/pretrain.py --config 'a b.json'"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("CROSS_RANK", raising=False)
+    assert not orphaned(os.getppid() + 1)  # plain python: the parent (a shell) may come and go
+    monkeypatch.setenv("CROSS_RANK", "0")  # started by DeepSpeed's launch
+    assert orphaned(os.getppid() + 1) and not orphaned(os.getppid()) and not orphaned(None)
+
+
 def test_zero3_stopped_under_each_launcher_and_by_ctrl_c_resumes_exactly(zero3_run: Path, data_dir: Path,
                                                                         tmp_path: Path) -> None:
     """Two ranks, ZeRO-3, stopped three times: SIGTERM to torchrun (it forwards it); SIGTERM to the `deepspeed`

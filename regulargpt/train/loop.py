@@ -58,7 +58,7 @@ from regulargpt.train.engine import (
 )
 from regulargpt.train.faults import nan_plan, poison
 from regulargpt.train.logging import MetricsLog
-from regulargpt.train.stopping import Lifeline, StopRequest, launch_command
+from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
 __all__ = ["open_data", "train"]
 
@@ -384,9 +384,12 @@ def _quiet_deepspeed() -> None:
     logger.setLevel(_stdlib_logging.WARNING)
 
 
-def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
+def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) -> dict[str, Any]:
     """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir",
-    "stop_reason", "resume_command"} (the last two say why a preempted run stopped and how to continue it)."""
+    "stop_reason", "resume_command"} (the last two say why a preempted run stopped and how to continue it).
+
+    `parent_at_start`: the parent pid when the process started (``os.getppid()`` before the slow imports): a rank
+    whose launcher has ended since stops here with a TrainError instead of training on, unwatched."""
     # DeepSpeed ZeRO-3 calls these collectives every step; torch 2.13 warns on each call.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
@@ -395,6 +398,9 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
         raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
                          "use --set train.precision=bf16 or fp32")
     data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
+    if orphaned(parent_at_start):
+        raise TrainError(f"the launcher that started this process (pid {parent_at_start}) has ended; nothing was "
+                         f"trained (rerun the launcher's command to resume {run_dir})")
     stop = StopRequest()
     stop.install()
     lifeline = Lifeline(stop.request)  # under a launcher: its end is a stop request too

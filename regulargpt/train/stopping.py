@@ -11,7 +11,8 @@ one too (rank → ``deepspeed.launcher.launch`` → the ``deepspeed`` runner; ra
 checks every `interval` seconds that each is still alive (same pid and start time, not a zombie). When one is gone
 it calls ``on_gone(reason)`` once; the trainer treats that as a stop request, so every rank checkpoints at the same
 step (the stop flag is all-reduced) and exits 0. A process not started by a launcher (plain ``python
-launch/pretrain.py``, even under nohup or a shell that exits) watches nothing.
+launch/pretrain.py``, even under nohup or a shell that exits) watches nothing. A rank whose launcher ended while it
+was still starting (:func:`orphaned`) is stopped before it trains or writes anything.
 
     lifeline = Lifeline(lambda reason: print(reason))
     lifeline.start()          # → the watched processes, e.g. [torchrun (pid 812)]
@@ -38,7 +39,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["StopRequest", "LAUNCHERS", "launcher_chain", "launch_command", "Lifeline"]
+__all__ = ["StopRequest", "LAUNCHERS", "launcher_chain", "orphaned", "launch_command", "Lifeline"]
 
 class StopRequest:
     """SIGTERM, SIGUSR1, SIGINT (Ctrl-C) or :meth:`request` (the launcher is gone) → ``requested``, with a
@@ -102,6 +103,14 @@ def launcher_chain(pid: int | None = None) -> list[psutil.Process]:
     except psutil.Error:
         pass
     return chain
+
+
+def orphaned(parent_at_start: int | None) -> bool:
+    """True when a launcher started this process (torchrun and DeepSpeed's launch set TORCHELASTIC_RUN_ID and
+    CROSS_RANK in their ranks' environment) and the parent it had at start-up (`parent_at_start`, recorded before
+    the slow imports) has ended since: a launcher killed while its ranks were still starting."""
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or "CROSS_RANK" in os.environ
+    return parent_at_start is not None and launched and os.getppid() != parent_at_start
 
 
 def launch_command(chain: list[psutil.Process]) -> str:
