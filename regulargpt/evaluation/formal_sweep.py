@@ -151,7 +151,8 @@ def recipe_id(cfg: Config) -> str:
     import hashlib
 
     d = config_to_dict(cfg)
-    d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "log_every", "save_every", "keep_last")}
+    d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "log_every", "save_every", "keep_last")
+                  and not (k == "extended_from" and not v)}  # a key added later: ids of earlier recipes unchanged
     d.pop("logging", None)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

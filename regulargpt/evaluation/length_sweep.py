@@ -67,6 +67,8 @@ def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
     d = config_to_dict(cfg)
     out = {f"{section}.{k}": v for section in ("model", "train") for k, v in d[section].items()
            if k not in _NOT_VARIANT[section]}
+    if not cfg.train.extended_from:  # a key added later: runs that were never extended keep their variant id
+        del out["train.extended_from"]
     out["data.seq_len"] = cfg.data.seq_len
     out["data.dataset"] = Path(cfg.data.path).name if cfg.data.path else ""
     step = meta.get("step")
