@@ -16,6 +16,7 @@ setup(
         "wandb",
         "matplotlib",
         "tqdm",
+        "psutil",  # training ranks watch their launcher (regulargpt/train/stopping.py)
     ],
-    extras_require={"dev": ["pytest", "psutil"]},
+    extras_require={"dev": ["pytest"]},
 )

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from regulargpt.io import atomic_write_text
+from regulargpt.peak import machine_key, measure_peak, raise_peak
 
 _WORKER = textwrap.dedent(
     """
@@ -96,28 +97,6 @@ _WORKER = textwrap.dedent(
     """
 )
 
-_PEAK = textwrap.dedent(
-    """
-    import sys, time, torch
-    device, dtype_name, threads, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    torch.set_num_threads(threads)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    n = 8192 if device == "cuda" else 2048
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
-    best, end = 0.0, time.perf_counter() + budget
-    while time.perf_counter() < end:
-        sync()
-        start = time.perf_counter()
-        for _ in range(3):
-            a @ b
-        sync()
-        best = max(best, 3 * 2 * n**3 / (time.perf_counter() - start))
-    print(best / 1e9)
-    """
-)
 
 
 def measure(method: str, t: int, heads: int, head_dim: int, chunk: int, args: argparse.Namespace,
@@ -137,16 +116,12 @@ def measure(method: str, t: int, heads: int, head_dim: int, chunk: int, args: ar
 
 
 def matmul_peak_gflops(device: str, dtype: str, threads: int, seconds: float = 3.0) -> float:
-    """The machine's practical matmul peak: the best of back-to-back triples of square products over `seconds`.
-
-    A time budget rather than a fixed count, because the first products run slow (bf16 matrix units warming up) and
-    this shared machine's speed varies: single short measurements of the bf16 peak ranged 744-1,930 GFLOP/s, the
-    best over 3 s 2.0-2.15 TFLOP/s (fp32: 295-321 GFLOP/s).
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    out = subprocess.run([sys.executable, "-c", _PEAK, device, dtype, str(threads), str(seconds)], capture_output=True,
-                         text=True, check=True, env=env)
-    return float(out.stdout.strip())
+    """The machine's practical matmul peak in GFLOP/s, measured now with the meter training uses for MFU
+    (:func:`regulargpt.peak.measure_peak`: best square-matmul triple over `seconds`); a new best is recorded in the
+    per-machine peak cache too."""
+    flops = measure_peak(device, dtype, threads, seconds)
+    raise_peak(machine_key(device, dtype, threads), flops, f"eval/bench_attention.py, over {seconds:g} s")
+    return flops / 1e9
 
 
 def attention_flops(method: str, t: int, heads: int, head_dim: int, chunk: int, backward: bool) -> float:

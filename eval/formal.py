@@ -29,7 +29,13 @@ import torch  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
 from regulargpt.cli import run  # noqa: E402
-from regulargpt.evaluation.formal import check_lengths, parse_lengths, range_evaluate, range_score  # noqa: E402
+from regulargpt.evaluation.formal import (  # noqa: E402
+    RangeEvalError,
+    check_lengths,
+    parse_lengths,
+    range_evaluate,
+    range_score,
+)
 from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep  # noqa: E402
 from regulargpt.evaluation.formal_tables import write_tables  # noqa: E402
 from regulargpt.tasks import make_task  # noqa: E402
@@ -39,6 +45,10 @@ from regulargpt.train.formal import MODEL_FILE  # noqa: E402
 def cmd_range(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     cfg, model, _ = load_model_file(Path(args.run) / MODEL_FILE)
+    if cfg.model.head != "classifier" or not cfg.data.task:
+        raise RangeEvalError(f"--run {args.run}: its {MODEL_FILE} is a language model (model.head={cfg.model.head!r}, "
+                             f"data.task={cfg.data.task!r}), not a formal-language classifier; evaluate it with "
+                             f"`python eval/extrapolate.py --runs {args.run} --out DIR`")
     options = dict(cfg.data.task_options)
     if args.p_one is not None:
         options["p_one"] = args.p_one

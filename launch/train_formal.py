@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="every EVERY steps (default 100) log the held-out score on lengths 41, 92, …, 500 (64 "
                              "strings each) to DIR/time_to_solve.jsonl; training is unchanged. e.g. --time-to-solve")
     args = parser.parse_args(argv)
-    if args.threads < 0:
-        parser.error(f"--threads {args.threads}: expected >= 0")
+    if args.threads < 0:  # a UserError (one `error:` line, exit 2), before torch.set_num_threads could fail
+        raise ConfigError(f"--threads {args.threads}: expected an integer >= 0 (0 = torch's default)")
     if args.time_to_solve < 0:
-        parser.error(f"--time-to-solve {args.time_to_solve}: expected >= 1 steps")
+        raise ConfigError(f"--time-to-solve {args.time_to_solve}: expected an integer >= 1 (steps)")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.set)

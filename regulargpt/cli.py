@@ -6,7 +6,8 @@
 A :class:`~regulargpt.errors.UserError` (ConfigError, DataError, CheckpointError, TrainError, TaskError) prints
 ``error: <message>`` on stderr — no traceback — and exits with status 2; in a multi-process run (RANK set) ranks other
 than 0 prefix the line with their rank, so an error only one rank sees is still reported. Any other exception is a bug
-and propagates with its traceback. ``main``'s return value is the exit status (None means 0).
+and propagates with its traceback; Ctrl-C that reaches ``main`` prints ``interrupted`` and exits 130. ``main``'s return
+value is the exit status (None means 0).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import NoReturn
 
 from regulargpt.errors import UserError
 
-__all__ = ["USAGE_ERROR", "report", "run"]
+__all__ = ["USAGE_ERROR", "INTERRUPTED", "report", "run"]
 
 USAGE_ERROR = 2  # exit status of a user error, as argparse uses for bad flags
+INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT (128 + 2)
 
 
 def report(err: BaseException) -> None:
@@ -38,4 +40,7 @@ def run(main: Callable[[], int | None]) -> NoReturn:
     except UserError as err:
         report(err)
         sys.exit(USAGE_ERROR)
+    except KeyboardInterrupt:  # Ctrl-C where no handler of the command's own catches it (e.g. during start-up)
+        print("interrupted", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED)
     sys.exit(status or 0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,9 +182,12 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     keep_last: int = 2
     max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
+    # Steps at which `launch/pretrain.py --extend-to` continued a finished run; the LR schedule is re-planned from
+    # each (regulargpt.train.engine.lr_factor). Written by --extend-to, not meant to be set by hand.
+    extended_from: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
-        _positive(self, "steps", "lr", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last")
+        _positive(self, "steps", "lr", "eps", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last")
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if not 0.0 <= self.warmup_fraction < 1.0:
@@ -198,6 +202,9 @@ class TrainConfig:
         for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "max_bad_steps"):
             if getattr(self, name) < 0:
                 _fail(name, getattr(self, name), "a number >= 0")
+        bounds = [0, *self.extended_from, self.steps]
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):
+            _fail("extended_from", self.extended_from, f"increasing steps between 0 and steps={self.steps}, exclusive")
 
 
 @dataclass
@@ -251,6 +258,48 @@ class Config:
                 getattr(self, section).validate()
             except _FieldError as err:
                 raise ConfigError(f"{section}.{err.key}: {err.value!r} is not allowed; expected {err.expected}") from None
+        _check_deepspeed_passthrough(self.deepspeed, self.train)
+
+
+# DeepSpeed keys the typed `train` fields set (regulargpt.train.engine.deepspeed_config): a pass-through value may
+# repeat them but not contradict them, or the engine would run one setting while the run records (and exports as)
+# the other. key path -> (the typed field, its value as DeepSpeed sees it).
+_DEEPSPEED_TYPED = {
+    "train_micro_batch_size_per_gpu": ("train.batch_size", lambda t: t.batch_size),
+    "gradient_accumulation_steps": ("train.grad_accum", lambda t: t.grad_accum),
+    "gradient_clipping": ("train.grad_clip", lambda t: t.grad_clip),
+    "zero_optimization.stage": ("train.zero_stage", lambda t: t.zero_stage),
+    "bf16.enabled": ("train.precision", lambda t: t.precision == "bf16"),
+    "bfloat16.enabled": ("train.precision", lambda t: t.precision == "bf16"),
+    "fp16.enabled": ("train.precision", lambda t: t.precision == "fp16"),
+}
+# Keys that have no single typed field: derived, or owned by our client optimizer and LR schedule.
+_DEEPSPEED_REFUSED = {
+    "train_batch_size": "it is derived: train.batch_size x train.grad_accum x processes; set those instead",
+    "optimizer": "the optimizer is AdamW from train.lr, beta1, beta2, eps and weight_decay; set those instead",
+    "scheduler": "the LR schedule comes from train.schedule, warmup_fraction and min_lr_ratio; set those instead",
+}
+
+
+def _check_deepspeed_passthrough(ds: dict[str, Any], train: TrainConfig) -> None:
+    """ConfigError for a ``deepspeed.*`` key that contradicts a typed field or that the trainer owns.
+
+    >>> _check_deepspeed_passthrough({"zero_optimization": {"stage": 7}}, TrainConfig())  # doctest: +SKIP
+    ConfigError: deepspeed.zero_optimization.stage: 7 contradicts train.zero_stage=0 ...
+    """
+    for key, why in _DEEPSPEED_REFUSED.items():
+        if key in ds:
+            raise ConfigError(f"deepspeed.{key}: {ds[key]!r} is not allowed; {why}")
+    for path, (field_name, typed) in _DEEPSPEED_TYPED.items():
+        node: Any = ds
+        for part in path.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT and node != typed(train):
+            raise ConfigError(f"deepspeed.{path}: {node!r} contradicts {field_name}={getattr(train, field_name[6:])!r} "
+                              f"(the engine would run one, the run record the other); set {field_name} instead")
+
+
+_ABSENT = object()
 
 
 # ----------------------------------------------------------------------------------------------------- validation
@@ -302,6 +351,8 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif tp is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            raise ConfigError(f"{where}: {value!r} is not allowed; expected a finite number")
         if ok:
             return float(value)
     elif tp is str:

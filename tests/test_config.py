@@ -33,7 +33,8 @@ def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
     _write(tmp_path / "base.json", {"model": {"d_model": 64, "n_heads": 4}, "train": {"lr": 0.001}})
     child = _write(tmp_path / "child.json", {"extends": "base.json", "model": {"chunk_size": 3}})
     cfg = load_config(child, ["model.thickness=2", "train.lr=3e-4", "eval.lengths=64,128", "logging.wandb=false",
-                              "model.pad=mask", "data.task_options={\"n\": 2}", "deepspeed.zero_optimization={\"stage\": 2}"])
+                              "model.pad=mask", "data.task_options={\"n\": 2}", "train.zero_stage=2",
+                              "deepspeed.zero_optimization={\"stage\": 2}"])
     assert (cfg.model.d_model, cfg.model.chunk_size, cfg.model.thickness, cfg.model.pad) == (64, 3, 2, "mask")
     assert cfg.train.lr == 3e-4 and cfg.eval.lengths == [64, 128] and cfg.logging.wandb is False
     assert cfg.data.task_options == {"n": 2} and cfg.deepspeed == {"zero_optimization": {"stage": 2}}
@@ -55,6 +56,14 @@ def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
         ({"eval": {"lengths": [512, 0]}}, r"eval\.lengths"),
         ({"model": {"architecture": "regular_gpt", "position": "alibi"}}, r"model\.position: 'alibi' is not allowed"),
         ({"model": {"head": "classifier"}}, r"model\.num_classes: 0 is not allowed"),
+        ({"train": {"lr": float("nan")}}, r"train\.lr: nan is not allowed; expected a finite number"),
+        ({"train": {"eps": -1e-8}}, r"train\.eps: -1e-08 is not allowed; expected a number > 0"),
+        ({"train": {"beta1": 1.0}}, r"train\.beta1: 1\.0 is not allowed; expected a number in \[0, 1\)"),
+        ({"train": {"precision": "bf16"}, "deepspeed": {"bf16": {"enabled": False}}},
+         r"deepspeed\.bf16\.enabled: False contradicts train\.precision='bf16'"),
+        ({"deepspeed": {"gradient_accumulation_steps": 4}}, r"deepspeed\.gradient_accumulation_steps: 4 contradicts "
+                                                            r"train\.grad_accum=1"),
+        ({"deepspeed": {"scheduler": {"type": "WarmupLR"}}}, r"deepspeed\.scheduler: .* is not allowed; the LR schedule"),
     ],
 )
 def test_bad_values_name_file_key_value_and_allowed(tmp_path, body, pattern):

@@ -238,7 +238,7 @@ def test_sigusr1_saves_a_checkpoint_and_exits_0(data_dir: Path, tmp_path: Path) 
     proc.send_signal(signal.SIGUSR1)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    assert "stop requested (signal)" in out and "rerun the same command to resume" in out
+    assert "stop requested (signal SIGUSR1)" in out and "rerun the same command to resume: python " in out
     stopped = latest_step(run_dir)
     assert 2 <= stopped < 12 and rd.verify_checkpoint(run_dir, stopped) == ""
     assert not (run_dir / "model.pt").exists()
@@ -248,21 +248,23 @@ def test_a_second_signal_after_the_grace_period_exits_at_once(tmp_path: Path) ->
     script = tmp_path / "signals.py"
     script.write_text(
         "import os, signal, time\n"
-        "from regulargpt.train.loop import StopRequest\n"
+        "from regulargpt.train.stopping import StopRequest\n"
         "stop = StopRequest(grace_s=0.5)\n"
         "stop.install()\n"
         "os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.05)\n"
         "assert stop.requested and stop.signum == signal.SIGUSR1\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05)  # within the grace period: the same request\n"
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(0.05)  # Ctrl-C too: no KeyboardInterrupt\n"
+        "assert stop.reason == 'signal SIGUSR1'\n"
         "print('still running', flush=True)\n"
         "time.sleep(0.6)\n"
-        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)  # a second Ctrl-C\n"
         "print('not reached', flush=True)\n"
     )
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=run_env(), capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     assert proc.stdout.split() == ["still", "running"] and time.perf_counter() - start < 5
 
 
@@ -425,12 +427,28 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict
     learned["model"].update(architecture="transformer", position="learned", max_positions=16, n_layers=1)
     learned_cfg = load_config_dict(learned)
     save_model_file(root / "learned" / "model.pt", learned_cfg, build_model(learned_cfg.model))
+    lm_cfg = load_config_dict({"model": {"vocab_size": 16, "d_model": 16, "n_heads": 2}, "data": {"seq_len": 8}})
+    save_model_file(root / "lm" / "model.pt", lm_cfg, build_model(lm_cfg.model))
+    (root / "unexported" / "global_step3").mkdir(parents=True)  # trained, model.pt not written yet
+    (root / "unexported" / "latest").write_text("global_step3")
+    (root / "corpus").mkdir()
+    for i in range(4):
+        (root / "corpus" / f"{i}.txt").write_text(f"short document number {i}\n" * 3)
     return {"root": root, "data": data_dir}
 
 
 def _pretrain(config: str, *sets: str, run_dir: str = "{root}/run") -> list[str]:
     args = [sys.executable, "launch/pretrain.py", "--config", config, "--run-dir", run_dir]
     for item in ("logging.progress=false", *sets):
+        args += ["--set", item]
+    return args
+
+
+def _submit(data: str, *sets: str) -> list[str]:
+    """launch/submit.py (a real submit, not a dry run) of one tiny run; its output would go under {root}/run."""
+    args = [sys.executable, "launch/submit.py", "--configs", "configs/tiny/regular_gpt.json", "--data", data,
+            "--runs-root", "{root}/run", "--eval-out", "{root}/run"]
+    for item in sets:
         args += ["--set", item]
     return args
 
@@ -452,7 +470,43 @@ BAD_INPUT = {
     "eval-length-below-1": (_pretrain("configs/tiny/regular_gpt.json", "eval.lengths=0,64"),
                             ["eval.lengths: [0, 64] is not allowed", "integers >= 1"], []),
     "missing-data-folder": (_pretrain("configs/tiny/regular_gpt.json", "data.path={root}/nowhere"),
-                            ["nowhere does not exist", "data_prep/prepare.py"], []),
+                            ["nowhere does not exist", "data_prep/prepare.py", "--vocab-size 2048"], []),
+    "lr-nan": (_pretrain("configs/tiny/regular_gpt.json", "train.lr=nan"),
+               ["train.lr: nan is not allowed", "a finite number"], []),
+    "lr-infinity": (_pretrain("configs/tiny/regular_gpt.json", "train.lr=Infinity"),
+                    ["train.lr: inf is not allowed", "a finite number"], []),
+    "lr-negative": (_pretrain("configs/tiny/regular_gpt.json", "train.lr=-0.001"),
+                    ["train.lr: -0.001 is not allowed", "a number > 0"], []),
+    "eps-not-positive": (_pretrain("configs/tiny/regular_gpt.json", "train.eps=0"),
+                         ["train.eps: 0.0 is not allowed", "a number > 0"], []),
+    "beta-outside-0-1": (_pretrain("configs/tiny/regular_gpt.json", "train.beta2=1"),
+                         ["train.beta2: 1.0 is not allowed", "[0, 1)"], []),
+    "deepspeed-shadows-zero-stage": (_pretrain("configs/tiny/regular_gpt.json", "deepspeed.zero_optimization.stage=7"),
+                                     ["deepspeed.zero_optimization.stage: 7 contradicts train.zero_stage=0",
+                                      "set train.zero_stage instead"], []),
+    "deepspeed-train-batch-size": (_pretrain("configs/tiny/regular_gpt.json", "deepspeed.train_batch_size=3"),
+                                   ["deepspeed.train_batch_size: 3 is not allowed", "derived"], []),
+    "deepspeed-rejects-value": (_pretrain("configs/tiny/regular_gpt.json", "data.path={data}", "model.vocab_size=512",
+                                          "deepspeed.zero_optimization.overlap_comm=maybe"),
+                                ["deepspeed.zero_optimization.overlap_comm: 'maybe' is not accepted by DeepSpeed",
+                                 "valid boolean"], []),
+    "negative-threads": ([sys.executable, "launch/train_formal.py", "--config", "{root}/formal.json", "--threads", "-1",
+                          "--run-dir", "{root}/run"], ["--threads -1", "expected an integer >= 0"], ["formal.json"]),
+    "vocab-too-large-for-corpus": ([sys.executable, "data_prep/prepare.py", "--source", "{root}/corpus", "--out",
+                                    "{root}/run/data", "--vocab-size", "4000", "--num-proc", "1"],
+                                   ["--vocab-size 4000", "Vocabulary size too high"], ["corpus"]),
+    "range-on-a-language-model": ([sys.executable, "eval/formal.py", "range", "--run", "{root}/lm", "--out",
+                                   "{root}/out.jsonl"], ["--run", "/lm: its model.pt is a language model",
+                                                         "not a formal-language classifier", "eval/extrapolate.py"],
+                                  ["lm"]),
+    "submit-misspelled-key": (_submit("{data}", "train.stpes=10"), ["run stdlib-regular_gpt-seed0", "train.stpes: "
+                                                                    "unknown key; did you mean 'steps'"], []),
+    "submit-missing-data": (_submit("{root}/nowhere"), ["run nowhere-regular_gpt-seed0", "nowhere does not exist"], []),
+    "submit-vocab-mismatch": (_submit("{data}", "model.vocab_size=1024"),
+                              ["run stdlib-regular_gpt-seed0", "model.vocab_size=1024 does not match"], []),
+    "checkpoints-but-no-model-pt": ([sys.executable, "eval/extrapolate.py", "--runs", "{root}/unexported", "--data",
+                                     "{data}", "--out", "{root}/run"], ["unexported has no model.pt but has checkpoints",
+                                                                        "python launch/export.py"], ["unexported"]),
     "bin-not-a-multiple-of-dtype": (_pretrain("configs/tiny/regular_gpt.json", "data.path={root}/truncated",
                                               "model.vocab_size=512"),
                                     ["truncated/train.bin", "not a multiple of 2 (uint16)"], ["truncated"]),

@@ -1,6 +1,7 @@
 """A real single-node SLURM: install Debian's slurm-wlm if missing, start slurmctld + slurmd for this test only,
-submit a tiny two-process pretraining run and its dependent evaluation job through launch/submit.py, preempt the
-run once with SIGUSR1 and check that it checkpoints, requeues itself, resumes, completes, and is then evaluated.
+submit a tiny two-process pretraining run, its dependent evaluation job and the sweep's comparison job through
+launch/submit.py, preempt the run once with SIGUSR1 and check that it checkpoints, requeues itself, resumes,
+completes, and is then evaluated and compared.
 
 Skipped, with the reason, where SLURM is not installed and cannot be (not root, no apt-get, install failed).
 Set REGULARGPT_SKIP_SLURM=1 to skip it on purpose. After the install (about 5–25 s) it takes about a minute.
@@ -128,11 +129,6 @@ def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tm
     data = tmp_path / "stdlib"
     prepare("python-stdlib", data, vocab_size=512, max_bytes=400_000, val_fraction=0.2, num_proc=1)
 
-    dry = subprocess.run([sys.executable, "launch/submit.py", "--configs", "configs/tiny/regular_gpt.json", "--seeds",
-                          "0", "--data", str(data), "--dry-run"], cwd=ROOT, capture_output=True, text=True)
-    assert dry.returncode == 0 and "--dependency=afterok:<pretrain id>" in dry.stdout
-    assert "set -- --config" in dry.stdout and "nothing submitted" in dry.stdout
-
     cmd = [sys.executable, "launch/submit.py", "--configs", "configs/tiny/regular_gpt.json", "--seeds", "0",
            "--data", str(data), "--runs-root", str(tmp_path / "runs"), "--eval-out", str(tmp_path / "eval"),
            "--cpus-per-task", str(min(2, os.cpu_count() or 1)), "--time", "00:10:00",
@@ -144,6 +140,7 @@ def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tm
     assert proc.returncode == 0, proc.stderr
     words = proc.stdout.split()
     train_id, eval_id = words[words.index("pretrain") + 1].rstrip(","), words[words.index("evaluate") + 1]
+    compare_id = words[words.index("comparison:") + 1]
     run_dir = tmp_path / "runs" / "stdlib" / "regular_gpt-seed0"
     assert _job(slurm, eval_id)["Dependency"].startswith(f"afterok:{train_id}")
 
@@ -169,3 +166,10 @@ def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tm
     assert ev["JobState"] == "COMPLETED", eval_log[-3000:]
     rows = (tmp_path / "eval" / "stdlib" / "regular_gpt-seed0" / "results.jsonl").read_text().splitlines()
     assert len(rows) == 2
+
+    # Then the sweep's comparison job (afterok on every evaluation) writes the combined table and plots.
+    assert _job(slurm, compare_id)["Dependency"] in (f"afterok:{eval_id}(unfulfilled)", "(null)")
+    cmp = _wait(slurm, compare_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=120)
+    sweep = tmp_path / "eval" / "sweep"
+    assert cmp["JobState"] == "COMPLETED", "".join(p.read_text() for p in sweep.glob("compare-*.out"))[-3000:]
+    assert (sweep / "comparison" / "table.md").is_file() and (sweep / "comparison" / "ppl_vs_length.png").is_file()

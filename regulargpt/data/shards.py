@@ -203,66 +203,84 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
     out = Path(out)
     t0 = time.perf_counter()
     src = resolve_source(source, max_bytes=max_bytes, cache_dir=cache_dir)  # a bad source: nothing is created
+    created = _first_missing(out)
     out.mkdir(parents=True, exist_ok=True)
-    _clean_stale(out)
-    options = {"text_field": text_field, "max_bytes": max_bytes, "seed": seed, "val_fraction": val_fraction,
-               "test_fraction": test_fraction, "vocab_size": None if given else vocab_size}
-    with tempfile.TemporaryDirectory(dir=out, prefix=".work-") as work:
-        def load() -> datasets.Dataset:
-            return load_documents(src, text_field=text_field, max_bytes=max_bytes, cache_dir=work)
+    try:
+        _clean_stale(out)
+        options = {"text_field": text_field, "max_bytes": max_bytes, "seed": seed, "val_fraction": val_fraction,
+                   "test_fraction": test_fraction, "vocab_size": None if given else vocab_size}
+        with tempfile.TemporaryDirectory(dir=out, prefix=".work-") as work:
+            def load() -> datasets.Dataset:
+                return load_documents(src, text_field=text_field, max_bytes=max_bytes, cache_dir=work)
 
-        docs = load() if src.kind == "hf" else None  # a hub dataset is identified by its datasets fingerprint
-        fingerprint = _fingerprint(src, options, given.sha256 if given else None, docs._fingerprint if docs else None)
-        if not force and (manifest := _up_to_date(out, fingerprint)) is not None:
-            log(f"{out} is up to date (input fingerprint {fingerprint[:12]}); nothing to do")
-            return manifest
-        (out / MANIFEST).unlink(missing_ok=True)  # while files are replaced the folder has no (stale) manifest
-        docs = docs if docs is not None else load()
-        if len(docs) < 3:
-            raise DataError(f"source {source!r} gave {len(docs)} non-empty document(s)"
-                            + (f" within --max-bytes {max_bytes}" if max_bytes else "")
-                            + "; need at least 3 documents to make train/val/test splits")
-        codes = assign_splits(len(docs), seed, val_fraction, test_fraction)
-        t_read = time.perf_counter()
-        if given is None:
-            train_docs = docs.select(np.flatnonzero(codes == 0))
-            log(f"training a {vocab_size}-piece BPE tokenizer on {len(train_docs)} train documents")
-            texts = (t for batch in train_docs.iter(batch_size=256) for t in batch["text"])
-            tok = train_tokenizer(texts, vocab_size, seed=seed)
-        else:
-            tok = given
-        t_tok = time.perf_counter()
-        dtype = dtype_for(tok.vocab_size)
-        procs = min(num_proc or os.cpu_count() or 1, len(docs))
-        encoded = docs.map(_Encoder(tok, dtype), batched=True, batch_size=64, num_proc=procs if procs > 1 else None,
-                           remove_columns=["text"], desc="tokenising")
-        t_enc = time.perf_counter()
-        nchars, nbytes = np.asarray(docs["nchars"], dtype=np.int64), np.asarray(docs["nbytes"], dtype=np.int64)
-        splits = _write_splits(out, encoded, codes, nchars, dtype)
-        with atomic_open(out / TOKENIZER_FILE) as f:
-            f.write(tok.model_proto)
-        t_end = time.perf_counter()
-        cpt = {k: _chars_per_token(v) for k, v in [*splits.items(), ("all", _total(splits))]}
-        manifest = {
-            "format_version": FORMAT_VERSION, "dtype": dtype, "vocab_size": tok.vocab_size,
-            "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id,
-            "tokenizer": {"file": TOKENIZER_FILE, "sha256": tok.sha256, "trained": given is None,
-                          "given": str(tokenizer) if given else None, "trainer": TRAINER_SETTINGS},
-            "splits": splits,
-            "source": {"spec": source, "kind": src.kind, "files": len(src.files), "documents": len(docs),
-                       "bytes": int(nbytes.sum()), "chars": int(nchars.sum())},
-            "options": options, "input_fingerprint": fingerprint,
-            "stats": {"chars_per_token": cpt, "num_proc": procs,
-                      "seconds": {"read": round(t_read - t0, 2), "tokenizer": round(t_tok - t_read, 2),
-                                  "tokenise": round(t_enc - t_tok, 2), "write": round(t_end - t_enc, 2)}},
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": command or " ".join(sys.argv),
-        }
-        with atomic_open(out / MANIFEST) as f:
-            f.write((json.dumps(manifest, indent=2) + "\n").encode())
-    log(f"wrote {out}: " + ", ".join(f"{k} {v['tokens']:,} tokens / {v['documents']} docs" for k, v in splits.items())
-        + f"; vocab {tok.vocab_size}; chars/token {cpt['all']} (val {cpt['val']}); {t_end - t0:.1f} s")
-    return manifest
+            docs = load() if src.kind == "hf" else None  # a hub dataset is identified by its datasets fingerprint
+            fingerprint = _fingerprint(src, options, given.sha256 if given else None,
+                                       docs._fingerprint if docs else None)
+            if not force and (manifest := _up_to_date(out, fingerprint)) is not None:
+                log(f"{out} is up to date (input fingerprint {fingerprint[:12]}); nothing to do")
+                return manifest
+            (out / MANIFEST).unlink(missing_ok=True)  # while files are replaced the folder has no (stale) manifest
+            docs = docs if docs is not None else load()
+            if len(docs) < 3:
+                raise DataError(f"source {source!r} gave {len(docs)} non-empty document(s)"
+                                + (f" within --max-bytes {max_bytes}" if max_bytes else "")
+                                + "; need at least 3 documents to make train/val/test splits")
+            codes = assign_splits(len(docs), seed, val_fraction, test_fraction)
+            t_read = time.perf_counter()
+            if given is None:
+                train_docs = docs.select(np.flatnonzero(codes == 0))
+                log(f"training a {vocab_size}-piece BPE tokenizer on {len(train_docs)} train documents")
+                texts = (t for batch in train_docs.iter(batch_size=256) for t in batch["text"])
+                tok = train_tokenizer(texts, vocab_size, seed=seed)
+            else:
+                tok = given
+            t_tok = time.perf_counter()
+            dtype = dtype_for(tok.vocab_size)
+            procs = min(num_proc or os.cpu_count() or 1, len(docs))
+            encoded = docs.map(_Encoder(tok, dtype), batched=True, batch_size=64, num_proc=procs if procs > 1 else None,
+                               remove_columns=["text"], desc="tokenising")
+            t_enc = time.perf_counter()
+            nchars, nbytes = np.asarray(docs["nchars"], dtype=np.int64), np.asarray(docs["nbytes"], dtype=np.int64)
+            splits = _write_splits(out, encoded, codes, nchars, dtype)
+            with atomic_open(out / TOKENIZER_FILE) as f:
+                f.write(tok.model_proto)
+            t_end = time.perf_counter()
+            cpt = {k: _chars_per_token(v) for k, v in [*splits.items(), ("all", _total(splits))]}
+            manifest = {
+                "format_version": FORMAT_VERSION, "dtype": dtype, "vocab_size": tok.vocab_size,
+                "eos_id": tok.eos_id, "bos_id": tok.bos_id, "pad_id": tok.pad_id,
+                "tokenizer": {"file": TOKENIZER_FILE, "sha256": tok.sha256, "trained": given is None,
+                              "given": str(tokenizer) if given else None, "trainer": TRAINER_SETTINGS},
+                "splits": splits,
+                "source": {"spec": source, "kind": src.kind, "files": len(src.files), "documents": len(docs),
+                           "bytes": int(nbytes.sum()), "chars": int(nchars.sum())},
+                "options": options, "input_fingerprint": fingerprint,
+                "stats": {"chars_per_token": cpt, "num_proc": procs,
+                          "seconds": {"read": round(t_read - t0, 2), "tokenizer": round(t_tok - t_read, 2),
+                                      "tokenise": round(t_enc - t_tok, 2), "write": round(t_end - t_enc, 2)}},
+                "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "command": command or " ".join(sys.argv),
+            }
+            with atomic_open(out / MANIFEST) as f:
+                f.write((json.dumps(manifest, indent=2) + "\n").encode())
+        log(f"wrote {out}: "
+            + ", ".join(f"{k} {v['tokens']:,} tokens / {v['documents']} docs" for k, v in splits.items())
+            + f"; vocab {tok.vocab_size}; chars/token {cpt['all']} (val {cpt['val']}); {t_end - t0:.1f} s")
+        return manifest
+    except BaseException:
+        if created is not None:  # a failed first build (e.g. a vocabulary too large for the corpus) leaves nothing
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its ancestors that does not exist yet (what mkdir(parents=True) creates)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
 
 
 # ------------------------------------------------------------------------------------------------------ reading
@@ -275,15 +293,17 @@ def _require(mapping: dict, key: str, kind: type | tuple[type, ...], where: str,
     return value
 
 
-def load_manifest(data_dir: str | Path) -> dict:
+def load_manifest(data_dir: str | Path, vocab_size: int | None = None) -> dict:
     """Read and validate `<data_dir>/manifest.json`; DataError naming the folder, file or key otherwise.
+    `vocab_size` (the model's) goes into the hint for a missing folder, so following it gives matching data.
 
     Example:
 
         load_manifest("data/stdlib")["dtype"]  # 'uint16'
     """
     data_dir = Path(data_dir)
-    hint = f"run `python data_prep/prepare.py --source python-stdlib --out {data_dir}` (or another --source)"
+    vocab = f" --vocab-size {vocab_size}" if vocab_size else ""
+    hint = f"run `python data_prep/prepare.py --source python-stdlib --out {data_dir}{vocab}` (or another --source)"
     if not data_dir.is_dir():
         raise DataError(f"data folder {data_dir} does not exist; {hint}")
     path = data_dir / MANIFEST

@@ -67,6 +67,8 @@ def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
     d = config_to_dict(cfg)
     out = {f"{section}.{k}": v for section in ("model", "train") for k, v in d[section].items()
            if k not in _NOT_VARIANT[section]}
+    if not cfg.train.extended_from:  # a key added later: runs that were never extended keep their variant id
+        del out["train.extended_from"]
     out["data.seq_len"] = cfg.data.seq_len
     out["data.dataset"] = Path(cfg.data.path).name if cfg.data.path else ""
     step = meta.get("step")
@@ -111,6 +113,10 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
     path = Path(run)
     model_path = path / "model.pt" if path.is_dir() else path
     if not model_path.is_file():
+        if path.is_dir() and (path / "latest").is_file():  # trained (or stopped) but not exported
+            raise EvalError(f"run directory {path} has no model.pt but has checkpoints (latest: "
+                            f"{(path / 'latest').read_text().strip()}); export one with "
+                            f"`python launch/export.py {path}`")
         where = f"run directory {path} has no model.pt" if path.is_dir() else f"{path} does not exist"
         raise EvalError(f"{where}; train it with `python launch/pretrain.py --config FILE --run-dir {path}` first")
     try:

@@ -6,8 +6,9 @@
 
 Modules: ``engine`` (process env, DeepSpeed config, optimizer with skippable updates + LR schedule, activation
 checkpointing), ``loop`` (the training loop, validation, preemption, non-finite steps), ``run_dir`` (checkpoints,
-checksums, resume with fallback, keep-last-k, export), ``logging`` (console, metrics.jsonl, wandb), ``faults``
-(test-only NaN injection). Nothing here imports DeepSpeed or wandb at import time. See docs/RELIABILITY.md.
+checksums, resume with fallback, keep-last-k, export, extension), ``logging`` (console, metrics.jsonl, wandb),
+``faults`` (test-only NaN injection), ``stopping`` (signals and the launcher's end → checkpoint and exit). Nothing
+here imports DeepSpeed or wandb at import time. See docs/RELIABILITY.md.
 """
 
 from regulargpt.train.engine import TrainError, deepspeed_config, lr_factor

@@ -5,9 +5,12 @@ One engine serves every ZeRO stage (0–3) and precision (fp32, bf16; fp16 on CU
 ``torch.optim.AdamW`` handed to DeepSpeed as a client optimizer, so no DeepSpeed op is JIT-compiled on CPU; the LR
 schedule is a ``torch.optim.lr_scheduler.LambdaLR`` that DeepSpeed steps after every optimizer step::
 
-    factor(s) = (s + 1) / W                                        s < W          (linear warmup, W = round(f·steps))
-              = r + (1 − r) · ½ · (1 + cos(π · (s − W) / (steps − W)))   s ≥ W  (cosine to r = min_lr_ratio)
-              = 1                                                 s ≥ W          (schedule "constant")
+    factor(s) = (s + 1) / W                                          s < W     (linear warmup, W = round(f·steps))
+              = r + (1 − r) · ½ · (1 + cos(π · (s − W) / (steps − 1 − W)))  s ≥ W  (cosine: r = min_lr_ratio at
+                                                                                    the last step, steps − 1)
+              = 1                                                   s ≥ W     (schedule "constant")
+
+(an extended run re-plans it from the step it was extended at: :func:`lr_factor`)
 
 Example (one process, after :func:`prepare_process_env`)::
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import math
 import os
 import socket
@@ -44,6 +48,7 @@ __all__ = [
     "prepare_process_env",
     "skip_shm_build",
     "deepspeed_config",
+    "check_deepspeed_config",
     "lr_factor",
     "param_groups",
     "apply_activation_checkpointing",
@@ -151,18 +156,75 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
     return merge_dicts(ds, cfg.deepspeed)
 
 
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} → {"a.b": 1}."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def check_deepspeed_config(cfg: Config, world_size: int) -> None:
+    """Run DeepSpeed's own validation of the merged config now, before anything is written: a pass-through value it
+    rejects becomes a TrainError naming the key and value. Nothing to check (and no import) without ``deepspeed.*``.
+
+    e.g. ``--set deepspeed.zero_optimization.overlap_comm=maybe`` → ``deepspeed.zero_optimization.overlap_comm:
+    'maybe' is not accepted by DeepSpeed: Input should be a valid boolean, …``.
+    """
+    if not cfg.deepspeed:
+        return
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    ds = deepspeed_config(cfg, world_size)
+    ds.pop("train_batch_size")  # derived from the world size, which DeepSpeedConfig cannot know before init_distributed
+    try:
+        DeepSpeedConfig(ds)
+    except (ValueError, AssertionError, TypeError, KeyError) as err:
+        user = _leaves(cfg.deepspeed)
+        details = err.errors() if hasattr(err, "errors") else []  # pydantic: [{"loc": (...), "msg": ...}, ...]
+        for item in details:
+            loc = ".".join(str(p) for p in item.get("loc", ()))
+            path = next((k for k in user if k == loc or k.endswith("." + loc)), None)
+            if path is not None:
+                raise TrainError(f"deepspeed.{path}: {user[path]!r} is not accepted by DeepSpeed: "
+                                 f"{item.get('msg', err)}") from None
+        message = " ".join(str(err).split())
+        raise TrainError(f"the deepspeed.* settings {json.dumps(cfg.deepspeed)} are not accepted by DeepSpeed: "
+                         f"{message[:300]}") from None
+
+
 # ------------------------------------------------------------------------------------------ optimizer + schedule
 
 
 def lr_factor(step: int, cfg: Config) -> float:
-    """Multiplier of ``train.lr`` for optimizer step `step` (0-based): linear warmup, then constant or cosine."""
+    """Multiplier of ``train.lr`` for optimizer step `step` (0-based, so the last step is ``train.steps − 1``).
+
+    The steps form segments ``[0, e1), [e1, e2), …, [ek, steps)``, split at ``train.extended_from`` = [e1 … ek]
+    (one segment unless the run was extended with ``--extend-to``). In a segment of n steps, with k = step − start,
+    W = round(warmup_fraction · n) and r = min_lr_ratio::
+
+        factor = f0 + (1 − f0) · (k + 1) / W                       k < W   (warmup; f0 = 0 in the first segment,
+                                                                             r in later ones: from the minimum)
+               = r + (1 − r) · ½ · (1 + cos(π · (k − W) / (n − 1 − W)))   k ≥ W  (cosine: 1 at k = W, r at k = n − 1)
+               = 1                                                  k ≥ W   (schedule "constant"; later segments
+                                                                             of a constant schedule: 1 throughout)
+
+    So the first post-warmup step runs at the peak and the last step of every segment at exactly ``min_lr_ratio``
+    (a segment with a single post-warmup step stays at the peak).
+    """
     t = cfg.train
-    warmup = round(t.warmup_fraction * t.steps)
-    if step < warmup:
-        return (step + 1) / warmup
+    start = max((e for e in t.extended_from if e <= step), default=0)
+    end = min((e for e in t.extended_from if e > step), default=t.steps)
+    n, k, first = end - start, step - start, start == 0
+    if t.schedule == "constant" and not first:
+        return 1.0
+    warmup = round(t.warmup_fraction * n)
+    if k < warmup:
+        floor = 0.0 if first else t.min_lr_ratio
+        return floor + (1.0 - floor) * (k + 1) / warmup
     if t.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, t.steps - warmup))
+    progress = min(1.0, (k - warmup) / max(1, n - 1 - warmup))
     return t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

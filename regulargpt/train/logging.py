@@ -7,7 +7,8 @@
     {"step": 100, ..., "val_loss": 5.02}          # val_loss when validation ran at that step
 
 ``tokens_per_s`` counts tokens of all ranks over the steps since the previous record; ``mfu`` divides
-``flops_per_token(T) × tokens_per_s`` by the peak FLOP/s of all ranks (see :func:`peak_flops`).
+``flops_per_token(T) × tokens_per_s`` by the peak FLOP/s of all ranks (:func:`regulargpt.peak.cached_peak`, raised
+to the achieved rate if a run ever goes faster, so it never exceeds 1).
 
 wandb: only imported when ``logging.wandb`` is true. Without an API key (no ``WANDB_API_KEY``, no netrc entry for
 api.wandb.ai) ``WANDB_MODE=offline`` is set, so the run is written under ``<run_dir>/wandb/`` for a later
@@ -21,42 +22,13 @@ import netrc
 import os
 import secrets
 import sys
-import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from regulargpt.config import Config, config_to_dict
 from regulargpt.io import atomic_write_text, read_jsonl
 
-__all__ = ["peak_flops", "wandb_has_key", "MetricsLog"]
-
-
-def peak_flops(dtype: torch.dtype, device: torch.device | str = "cpu", size: int = 1024,
-               seconds: float = 0.15) -> tuple[float, str]:
-    """Peak FLOP/s of this process → (value, how it was obtained).
-
-    ``REGULARGPT_PEAK_FLOPS`` (FLOP/s per process, e.g. ``989e12`` for an H100 in bf16) wins; otherwise a square
-    matmul of `size` in `dtype` is timed for about `seconds` with the process's threads (on the 2-core CPU: about
-    190 GFLOP/s fp32 and 850 GFLOP/s bf16 with 2 threads). MFU is relative to this measured peak.
-    """
-    env = os.environ.get("REGULARGPT_PEAK_FLOPS")
-    if env:
-        return float(env), "REGULARGPT_PEAK_FLOPS"
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    torch.mm(a, b)  # warm up
-    n, start = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        n += 1
-        if torch.cuda.is_available() and str(device).startswith("cuda"):
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            break
-    return 2 * size**3 * n / elapsed, f"measured {size}x{size} {str(dtype).replace('torch.', '')} matmul"
+__all__ = ["wandb_has_key", "MetricsLog"]
 
 
 def wandb_has_key() -> bool:

@@ -14,10 +14,12 @@ Batches come from ``WindowSampler(train split, T, micro-batch, seed, rank, world
 Validation uses the first ``eval_batches`` batches of a sampler over the val split with the same seed: the same
 fixed windows at every evaluation, averaged over ranks.
 
-Preemption: the first SIGTERM or SIGUSR1 asks for a stop; after the current step every rank agrees (one all-reduce
-per step), a checkpoint is written and :func:`train` returns ``{"preempted": True, ...}`` (the launcher exits 0).
-A second signal arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM
-and torchrun within that window count as one).
+Preemption: the first SIGTERM, SIGUSR1 or SIGINT (Ctrl-C), or the end of the launcher that started this rank
+(:mod:`regulargpt.train.stopping`: DeepSpeed's runner or torchrun killed), asks for a stop; after the current step
+every rank agrees (one all-reduce per step), a checkpoint is written and :func:`train` returns
+``{"preempted": True, ...}`` with the reason and the command that resumes (the launcher exits 0). A second signal
+arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM and torchrun, or
+by a terminal and the deepspeed launcher, within that window count as one).
 
 Non-finite steps: before each backward every rank's loss is checked and the verdict all-reduced, so all ranks agree.
 A bad first micro-batch skips the step's backward and optimizer step outright; a bad later micro-batch (under
@@ -32,9 +34,7 @@ from __future__ import annotations
 
 import logging as _stdlib_logging
 import math
-import os
 import random
-import signal
 import sys
 import time
 import warnings
@@ -46,36 +46,21 @@ import torch
 import torch.nn.functional as F
 
 from regulargpt.config import Config
+from regulargpt.peak import PEAK_ENV, cached_peak
 from regulargpt.train import run_dir as rd
-from regulargpt.train.engine import TrainError, build_engine, lr_factor, prepare_process_env, skip_shm_build
+from regulargpt.train.engine import (
+    TrainError,
+    build_engine,
+    check_deepspeed_config,
+    lr_factor,
+    prepare_process_env,
+    skip_shm_build,
+)
 from regulargpt.train.faults import nan_plan, poison
-from regulargpt.train.logging import MetricsLog, peak_flops
+from regulargpt.train.logging import MetricsLog
+from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
-__all__ = ["StopRequest", "train"]
-
-
-class StopRequest:
-    """SIGTERM/SIGUSR1 → ``requested``; a repeat signal more than `grace_s` later ends the process at once."""
-
-    def __init__(self, grace_s: float = 2.0) -> None:
-        self.requested, self.first_at, self.grace_s, self.signum = False, 0.0, grace_s, 0
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if self.requested and now - self.first_at > self.grace_s:
-            os._exit(128 + signum)
-        if not self.requested:
-            self.requested, self.first_at, self.signum = True, now, signum
+__all__ = ["open_data", "train"]
 
 
 def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +68,7 @@ def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
             "train_tokens": manifest["splits"]["train"]["tokens"], "val_tokens": manifest["splits"]["val"]["tokens"]}
 
 
-def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
+def open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
     """Train and val splits; clear errors for a missing folder, a vocabulary or tokenizer mismatch, a truncated
     token file or a too-short split."""
     from regulargpt.data import DataError, check_tokenizer, load_manifest, open_split
@@ -92,7 +77,7 @@ def _open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
         raise TrainError("data.path is empty; prepare a folder with `python data_prep/prepare.py --source "
                          "python-stdlib --out data/stdlib` and pass --set data.path=data/stdlib")
     try:
-        manifest = load_manifest(cfg.data.path)
+        manifest = load_manifest(cfg.data.path, vocab_size=cfg.model.vocab_size)
     except DataError as err:
         raise TrainError(f"data.path={cfg.data.path!r}: {err}") from None
     if manifest["vocab_size"] != cfg.model.vocab_size:
@@ -130,16 +115,17 @@ class _Trainer:
         self.rank, self.world = env["rank"], env["world_size"]
         train_split, val_split, manifest = data
         self.fingerprint = _data_fingerprint(manifest)
-        rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        if extending is not None and self.rank == 0:
+            rd.set_aside_export(run_dir, extending)
         run_dir.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False)
 
         t = cfg.train
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
-        self.peak, self.peak_source = peak_flops(dtype, device)
+        self.peak, self.peak_source = self._shared_peak(str(device))
         _seed_all(t.seed)  # identical initial weights on every rank
         model = build_model(cfg.model)
         self.flops_per_token = model.flops_per_token(cfg.data.seq_len)
@@ -160,6 +146,24 @@ class _Trainer:
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.data.seq_len * self.world
         self._resume()
         self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
+
+    def _shared_peak(self, device: str) -> tuple[float, str]:
+        """Rank 0 reads the per-machine peak (measured once, 3 s, while the other ranks wait) and sends it to all."""
+        choice = [cached_peak(device, self.cfg.train.precision) if self.rank == 0 else None]
+        if self.world > 1:
+            self.dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    def _mfu(self, tokens_per_s: float) -> float:
+        """Model FLOP/s over the peak, never above 1: a step faster than the peak raises this run's peak (the
+        cache is left alone: flops_per_token is a model count, not a measurement)."""
+        achieved = self.flops_per_token * tokens_per_s / self.world
+        if achieved > self.peak:
+            self.log.message(f"note: step {self.step}: {achieved / 1e9:.0f} GFLOP/s per process, above the peak "
+                             f"{self.peak / 1e9:.0f} GFLOP/s ({self.peak_source}); using it as the peak from now on"
+                             + (f" (check {PEAK_ENV})" if self.peak_source == PEAK_ENV else ""))
+            self.peak, self.peak_source = achieved, f"raised at step {self.step} to the rate this run reached"
+        return achieved / self.peak
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
@@ -223,6 +227,10 @@ class _Trainer:
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
         self.sampler.load_state_dict(state["sampler"])
         rd.load_rng(self.run_dir, step, self.rank)
+        # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
+        # schedule, so set it from this config's (for an ordinary resume this is the same value).
+        for group, base in zip(self.scheduler.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * lr_factor(step, self.cfg)
         self.step, self.tokens, self.bad_steps = state["step"], state["tokens"], state.get("bad_steps", 0)
 
     # --------------------------------------------------------------------------------------------- training
@@ -307,6 +315,12 @@ class _Trainer:
                              f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})")
         elif self.step >= t.steps:
             self.log.message(f"{self.run_dir}: already finished at step {self.step}/{t.steps}; nothing to train")
+        elif t.extended_from and self.step == t.extended_from[-1]:
+            rewarm = round(t.warmup_fraction * (t.steps - self.step))
+            plan = ("LR constant" if t.schedule == "constant" else
+                    f"LR from {t.min_lr_ratio * t.lr:.3g} back to {t.lr:.3g} over {rewarm} step(s), then cosine to "
+                    f"{t.min_lr_ratio * t.lr:.3g} at step {t.steps}")
+            self.log.message(f"{self.run_dir}: extending the finished run from step {self.step} to {t.steps} ({plan})")
         else:
             self.log.message(f"{self.run_dir}: resuming at step {self.step}/{t.steps}")
         self.engine.train()
@@ -318,7 +332,9 @@ class _Trainer:
             lr = t.lr * lr_factor(self.step, cfg)
             self.step += 1
             self.tokens += self.tokens_per_step
-            loss_sum, stops = self._all_sum([loss, float(stop.requested)])
+            requested, by_signal = stop.requested, stop.by_signal  # (a signal may arrive in between: next step)
+            loss_sum, signalled, orphaned = self._all_sum([loss, float(requested and by_signal),
+                                                           float(requested and not by_signal)])
             loss = loss_sum / self.world
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
@@ -334,15 +350,16 @@ class _Trainer:
                 if skipped:
                     rec["skipped"] = True
                 tps = window_tokens / max(window_time, 1e-9)
-                rec.update(tokens=self.tokens, tokens_per_s=tps,
-                           mfu=self.flops_per_token * tps / (self.peak * self.world),
+                rec.update(tokens=self.tokens, tokens_per_s=tps, mfu=self._mfu(tps),
                            elapsed_s=round(time.perf_counter() - run_start, 3))
                 window_time, window_tokens = 0.0, 0
                 if do_eval:
                     last_val = rec["val_loss"] = self.validate()
                 self.log.record(rec)
-            if stops > 0 and not final:
-                self.log.message(f"step {self.step}: stop requested (signal); saving a checkpoint and exiting")
+            if signalled + orphaned > 0 and not final:
+                stop.reason = stop.reason or ("a signal to another rank" if signalled else "another rank's launcher "
+                                              "is gone")
+                self.log.message(f"step {self.step}: stop requested ({stop.reason}); saving a checkpoint and exiting")
                 self.save()
                 preempted = True
                 break
@@ -367,8 +384,12 @@ def _quiet_deepspeed() -> None:
     logger.setLevel(_stdlib_logging.WARNING)
 
 
-def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
-    """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir"}."""
+def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) -> dict[str, Any]:
+    """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir",
+    "stop_reason", "resume_command"} (the last two say why a preempted run stopped and how to continue it).
+
+    `parent_at_start`: the parent pid when the process started (``os.getppid()`` before the slow imports): a rank
+    whose launcher has ended since stops here with a TrainError instead of training on, unwatched."""
     # DeepSpeed ZeRO-3 calls these collectives every step; torch 2.13 warns on each call.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
@@ -376,15 +397,22 @@ def train(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
     if cfg.train.precision == "fp16" and not torch.cuda.is_available():
         raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
                          "use --set train.precision=bf16 or fp32")
-    data = _open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
+    data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
+    if orphaned(parent_at_start):
+        raise TrainError(f"the launcher that started this process (pid {parent_at_start}) has ended; nothing was "
+                         f"trained (rerun the launcher's command to resume {run_dir})")
     stop = StopRequest()
     stop.install()
+    lifeline = Lifeline(stop.request)  # under a launcher: its end is a stop request too
+    resume = launch_command(lifeline.start())
     try:
         import deepspeed  # noqa: F401  (after prepare_process_env: DS_ACCELERATOR must be set first)
 
         skip_shm_build()
         _quiet_deepspeed()
+        check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
         trainer = _Trainer(cfg, Path(run_dir), env, data)
-        return trainer.run(stop)
+        return {**trainer.run(stop), "stop_reason": stop.reason, "resume_command": resume}
     finally:
+        lifeline.stop()
         stop.uninstall()

@@ -25,6 +25,7 @@ Every ``torch.load`` of checkpoint files, DeepSpeed's included, runs with ``weig
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -46,6 +47,8 @@ __all__ = [
     "RESUME_FREE_KEYS",
     "default_run_dir",
     "check_or_write_config",
+    "extension_config",
+    "set_aside_export",
     "latest_step",
     "checkpoint_steps",
     "safe_loading",
@@ -92,8 +95,17 @@ def _flatten(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_or_write_config(run_dir: Path, cfg: Config, write: bool = True) -> None:
+def _saved_config(run_dir: Path) -> Config:
+    path = run_dir / CONFIG_FILE
+    try:
+        return load_config_dict(json.loads(path.read_text()), source=str(path))
+    except (ConfigError, json.JSONDecodeError) as err:
+        raise TrainError(f"{path}: cannot read the run's config ({err}); use another --run-dir") from None
+
+
+def check_or_write_config(run_dir: Path, cfg: Config, write: bool = True) -> int | None:
     """Write config.resolved.json for a new run; for an existing one, fail clearly on any training-relevant change.
+    → the step the run is being extended from when `cfg` is its :func:`extension_config` (else None).
 
     Every rank may check; only the one with ``write=True`` writes.
     """
@@ -101,20 +113,58 @@ def check_or_write_config(run_dir: Path, cfg: Config, write: bool = True) -> Non
     if not path.is_file():
         if write:
             save_config(cfg, path)
-        return
-    try:
-        old = load_config_dict(json.loads(path.read_text()), source=str(path))
-    except (ConfigError, json.JSONDecodeError) as err:
-        raise TrainError(f"{path}: cannot read the run's config ({err}); use another --run-dir") from None
+        return None
+    old = _saved_config(run_dir)
     before, after = _flatten(config_to_dict(old)), _flatten(config_to_dict(cfg))
     changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)
                and k not in RESUME_FREE_KEYS and not k.startswith(_RESUME_FREE_SECTIONS)]
-    if changed:
+    extending = (set(changed) <= {"train.steps", "train.extended_from"} and cfg.train.steps > old.train.steps
+                 and cfg.train.extended_from == [*old.train.extended_from, old.train.steps]
+                 and latest_step(run_dir) == old.train.steps)
+    if changed and not extending:
         diffs = "; ".join(f"{k}: run has {before.get(k)!r}, now {after.get(k)!r}" for k in changed[:8])
+        hint = (f"; to continue the finished run to more steps pass --extend-to N (it has {old.train.steps})"
+                if "train.steps" in changed else "")
         raise TrainError(f"{run_dir} holds a run with a different config ({diffs}). Resume with the same config, "
-                         f"or pass a new --run-dir")
+                         f"or pass a new --run-dir{hint}")
     if write:
-        save_config(cfg, path)  # record the current values of the resume-free keys
+        save_config(cfg, path)  # record the current values of the resume-free keys (and of an extension)
+    return old.train.steps if extending else None
+
+
+def extension_config(run_dir: Path, cfg: Config, steps: int) -> Config:
+    """`cfg` continued to `steps` optimizer steps (``--extend-to``): ``train.steps`` raised to `steps` and the step
+    the finished run had reached appended to ``train.extended_from``, where the LR schedule is re-planned
+    (:func:`regulargpt.train.engine.lr_factor`). A run already extended to `steps` keeps its extension (rerunning
+    the command resumes it). TrainError for a run that does not exist, has not finished, or already has as many
+    steps.
+    """
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise TrainError(f"--extend-to {steps}: {run_dir} holds no run to extend (no {CONFIG_FILE}); train it first")
+    saved = _saved_config(run_dir).train
+    if steps == saved.steps and saved.extended_from:
+        extended_from = saved.extended_from
+    elif steps <= saved.steps:
+        raise TrainError(f"--extend-to {steps}: the run in {run_dir} already has train.steps={saved.steps}; "
+                         f"pass a larger number of steps")
+    elif latest_step(run_dir) != saved.steps:
+        raise TrainError(f"--extend-to {steps}: the run in {run_dir} is at step {latest_step(run_dir) or 0} of "
+                         f"{saved.steps}; let it finish first (rerun it without --extend-to), then extend it")
+    else:
+        extended_from = [*saved.extended_from, saved.steps]
+    extended = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps, extended_from=extended_from))
+    extended.validate()
+    return extended
+
+
+def set_aside_export(run_dir: Path, step: int) -> Path | None:
+    """An extension starts: the finished run's model.pt → model_step<step>.pt (a model.pt means "finished" to
+    launch/submit.py and the sbatch script's requeue). → the new path, or None without a model.pt."""
+    path = run_dir / "model.pt"
+    if not path.is_file():
+        return None
+    os.replace(path, run_dir / f"model_step{step}.pt")
+    return run_dir / f"model_step{step}.pt"
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
