@@ -89,11 +89,10 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 def cmd_time_to_solve(args: argparse.Namespace) -> int:
     """Train the profile's runs of one model with a SolveCheck (training unchanged) and tabulate the first step and
     training second at which the held-out score reached the threshold."""
-    import json
     import shlex
 
     from regulargpt.evaluation.lm_report import provenance
-    from regulargpt.io import atomic_write_text
+    from regulargpt.io import atomic_write_text, read_jsonl
     from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)
@@ -107,8 +106,9 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
     for spec in specs:
         path = train_formal(spec.cfg, spec.run_dir, solve_check=check)
         meta = load_model_file(path)[2]
-        checks = [json.loads(x) for x in (spec.run_dir / SOLVE_FILE).read_text().splitlines() if x.strip()]
-        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f} | {meta['solved_cpu_seconds']:.1f}"
+        checks = read_jsonl(spec.run_dir / SOLVE_FILE)
+        cpu = meta.get("solved_cpu_seconds")  # None for runs trained before it was recorded
+        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f} | " + ("—" if cpu is None else f"{cpu:.1f}")
                   if meta.get("solved_step") else "not solved | — | —")
         lines.append(f"| {spec.task_id} | {spec.seed} | {solved} | {checks[-1]['score']:.3f} | {spec.cfg.train.steps} |")
         print(lines[-1], flush=True)

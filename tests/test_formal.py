@@ -273,3 +273,15 @@ def test_recipe_ignores_seed_and_bookkeeping_but_not_training_settings() -> None
     raw = tiny_raw()
     raw["model"]["init"] = "fan_in"
     assert recipe_id(load_config_dict(raw)) != base
+
+
+def test_a_run_saved_before_a_config_field_existed_still_resumes(tmp_path: Path) -> None:
+    """config.resolved.json written by older code lacks fields added since; at their defaults they are no change."""
+    cfg = tiny_cfg(steps=4)
+    train_formal(cfg, tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "config.resolved.json").read_text())
+    del saved["train"]["extended_from"], saved["model"]["depth_policy"]
+    (tmp_path / "run" / "config.resolved.json").write_text(json.dumps(saved))
+    assert train_formal(cfg, tmp_path / "run").is_file()
+    with pytest.raises(ConfigError, match="train.steps"):
+        train_formal(tiny_cfg(steps=5), tmp_path / "run")

@@ -47,7 +47,7 @@ from torch import nn
 from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
-from regulargpt.config import Config, ConfigError, config_to_dict, save_config
+from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
 from regulargpt.evaluation.formal import held_out_score
 from regulargpt.io import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
@@ -129,7 +129,11 @@ def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
 def _prepare_run_dir(cfg: Config, run_dir: Path) -> None:
     path = run_dir / CONFIG_FILE
     if path.is_file():
-        old = read_json_object(path, ConfigError, "the run's config is unusable; use another --run-dir")
+        raw = read_json_object(path, ConfigError, "the run's config is unusable; use another --run-dir")
+        try:  # resolved by today's code, so a field added since (at its default) is no difference
+            old = config_to_dict(load_config_dict(raw, source=str(path)))
+        except ConfigError as err:
+            raise ConfigError(f"{err}; the run's config is unusable, use another --run-dir") from None
         if _comparable(old) != _comparable(config_to_dict(cfg)):
             diff = sorted(
                 f"{s}.{k}" for s, section in _comparable(config_to_dict(cfg)).items() if isinstance(section, dict)
