@@ -9,6 +9,7 @@ a fixed order, gloo reduces in a fixed order, and every batch is a function of (
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -27,6 +29,19 @@ from regulargpt.tasks import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+
+def load_script(relative: str) -> ModuleType:
+    """A thin CLI script (launch/, eval/ are not packages), e.g. "eval/extrapolate.py", loaded as a module."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem + "_cli", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
 
 # ------------------------------------------------------------------------------------------------- pretraining
 

@@ -4,10 +4,8 @@ own labels), PCA / k-means / silhouette / purity (vs hand-made data and hand-com
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from regulargpt.evaluation.receptive_field import lm_batch, receptive_field
 from regulargpt.evaluation.state_clusters import choose_k, kmeans, pca, purity, silhouette
 from regulargpt.model import build_model
 from regulargpt.tasks import make_task
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,15 +29,6 @@ def _classifier(chunk: int, thickness: int, vocab: int = 3, classes: int = 2, d:
                       d_model=d, n_heads=2, chunk_size=chunk, thickness=thickness, norm="post", activation="relu",
                       embedding_scale=True, init_std=0.2)
     return build_model(cfg).double().eval()
-
-
-def _script(relative: str) -> ModuleType:
-    """A thin CLI script (eval/ is not a package) loaded as a module."""
-    spec = importlib.util.spec_from_file_location(Path(relative).stem + "_cli", ROOT / relative)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ------------------------------------------------------------------------------------------------- spans, states
@@ -250,7 +240,7 @@ def test_state_clusters_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
                             n_heads=2, chunk_size=2, norm="post", activation="relu")
     cfg = Config(model=model_cfg, data=DataConfig(task="cycle_navigation"))
     save_model_file(tmp_path / "run" / "model.pt", cfg, build_model(model_cfg))
-    cli = _script("eval/state_clusters.py")
+    cli = load_script("eval/state_clusters.py")
     out = tmp_path / "out"
     assert cli.main(["--run", str(tmp_path / "run"), "--out", str(out), "--length", "40", "--samples", "12",
                      "--k-max", "4"]) == 0
@@ -267,7 +257,7 @@ def test_state_clusters_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_receptive_field_cli_end_to_end_formal_and_lm(tmp_path: Path) -> None:
-    cli = _script("eval/receptive_field.py")
+    cli = load_script("eval/receptive_field.py")
     formal = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=2, num_classes=2, d_model=16,
                          n_heads=2, norm="post", activation="relu")
     save_model_file(tmp_path / "formal" / "model.pt", Config(model=formal, data=DataConfig(task="parity_check")),

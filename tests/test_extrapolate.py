@@ -4,15 +4,12 @@ rows, clear errors, report files. Tiny data written directly (manifest + .bin), 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -24,6 +21,7 @@ from regulargpt.evaluation.lm_report import load_rows, write_report
 from regulargpt.evaluation.length_sweep import ResultsFile, sweep
 from regulargpt.evaluation.perplexity import EvalError, plan_tokens, plan_windows, position_buckets
 from regulargpt.model import build_model
+from helpers import free_port, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, TRAIN_LEN, STREAM = 61, 16, 1100
@@ -171,27 +169,13 @@ def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     with pytest.raises(EvalError, match="lengths"):
         sweep([run], data, "test", [0, 16], tmp_path / "out", progress=False)
     with pytest.raises(SystemExit) as exit_info:
-        _cli().main(["--runs", run, "--data", str(data), "--out", str(tmp_path / "o"), "--lengths", "0,16"])
+        load_script("eval/extrapolate.py").main(["--runs", run, "--data", str(data), "--out", str(tmp_path / "o"), "--lengths", "0,16"])
     assert exit_info.value.code == 2 and "lengths must be integers >= 1" in capsys.readouterr().err
-    assert _cli().main(["--runs", run, "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    assert load_script("eval/extrapolate.py").main(["--runs", run, "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------- CLI and 2 processes
-
-
-def _cli() -> ModuleType:
-    """eval/extrapolate.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("extrapolate_cli", ROOT / "eval" / "extrapolate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> None:
@@ -205,7 +189,7 @@ def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> N
     finally:
         torch.set_num_threads(threads)
     write_report(load_rows(tmp_path / "one" / "results.jsonl"), tmp_path / "one", command="pytest")
-    port = str(_free_port())
+    port = str(free_port())
     args = [sys.executable, "eval/extrapolate.py", "--runs", *runs, "--data", str(data), "--lengths", "16,64,256",
             "--protocol", "sliding", "--batch-size", "1", "--no-progress", "--device", "cpu", "--out",
             str(tmp_path / "two")]

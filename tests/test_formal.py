@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import Crash, CrashingTask, tiny_cfg, tiny_raw
+from helpers import Crash, CrashingTask, load_script, tiny_cfg, tiny_raw
 from helpers import formal_losses as losses
 
 from regulargpt.checkpoint import save_model_file
@@ -216,24 +215,14 @@ def test_shipped_formal_configs_match_their_tasks() -> None:
         assert {s.task_id for s in specs} == set(names)
 
 
-def _load_script(relative: str) -> ModuleType:
-    """A thin CLI script (launch/, eval/ are not packages) loaded as a module."""
-    path = CONFIGS.parent.parent / relative
-    spec = importlib.util.spec_from_file_location(path.stem + "_cli", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_command_lines_train_and_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(tiny_raw(steps=2)))
-    train = _load_script("launch/train_formal.py")
+    train = load_script("launch/train_formal.py")
     with pytest.raises(ConfigError, match="model.vocab_size = 5"):  # launch/ scripts print it via regulargpt.cli.run
         train.main(["--config", str(config), "--set", "model.vocab_size=5", "--run-dir", str(tmp_path / "x")])
     assert train.main(["--config", str(config), "--run-dir", str(tmp_path / "run")]) == 0
-    cli = _load_script("eval/formal.py")
+    cli = load_script("eval/formal.py")
     out = tmp_path / "range.jsonl"
     assert cli.main(["range", "--run", str(tmp_path / "run"), "--lengths", "1-2,7-12:5", "--samples", "8",
                      "--out", str(out)]) == 0
