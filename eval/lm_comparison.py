@@ -45,7 +45,7 @@ from regulargpt.io import atomic_write_text
 
 MODELS = ("regular_gpt", "alibi", "t5", "kerple_log", "kerple_power", "rope", "nope")  # configs/tiny/<name>.json
 DATASETS = ("python-stdlib", "debian-prose", "debian-code", "debian-latex")
-TRAIN_LENGTH, VOCAB = 64, 2048
+VOCAB = 2048
 
 
 @dataclass(frozen=True)
@@ -73,21 +73,22 @@ class Plan:
     seeds: dict[str, tuple[int, ...]]
     steps: int
     batch_size: int
-    multiples: int  # evaluate lengths TRAIN_LENGTH · 2^i up to TRAIN_LENGTH · multiples
+    multiples: int  # evaluate lengths train_length · 2^i up to train_length · multiples
     eval_tokens: int
     max_bytes: int = 4_000_000
     data_root: Path = field(default_factory=lambda: ROOT / "data" / "lm_cpu")
     sliding_check: tuple[str, ...] = ()  # variants also scored with the sliding protocol (stride 32), seed 0
     sliding_lengths: tuple[int, ...] = (64, 256, 1024)
+    train_length: int = 64  # data.seq_len of every training run
     superseded_by: str = ""  # a later study that replaces this one (said at the top of its README)
 
     @property
     def lengths(self) -> list[int]:
-        return [TRAIN_LENGTH << i for i in range(self.multiples.bit_length()) if 1 << i <= self.multiples]
+        return [self.train_length << i for i in range(self.multiples.bit_length()) if 1 << i <= self.multiples]
 
     @property
     def train_tokens(self) -> int:
-        return self.steps * self.batch_size * TRAIN_LENGTH
+        return self.steps * self.batch_size * self.train_length
 
     @property
     def is_ablation(self) -> bool:
@@ -148,7 +149,14 @@ V2 = Plan(
     steps=1200, batch_size=16, multiples=32, eval_tokens=16384,
     sliding_check=("regular_gpt", "alibi"),
 )
-STUDIES = {"v1": FULL, "v2": V2}
+# The longer-training-length check of v2 (issue 11, "if the budget allows"): the best RegularGPT variant of v2 at 1×
+# (C = 8) against ALiBi, trained at T = 256 on the same 1.2M tokens (300 steps), evaluated to 32× = 8192.
+V2_T256 = Plan(
+    out=ROOT / "results" / "lm_cpu_v2_t256", datasets=("python-stdlib",),
+    models=(Variant("rg_c8", "regular_gpt", ("model.chunk_size=8",), _POLICIES), Variant("alibi", "alibi")),
+    seeds={"python-stdlib": (0,)}, steps=300, batch_size=16, multiples=32, eval_tokens=16384, train_length=256,
+)
+STUDIES = {"v1": FULL, "v2": V2, "v2-t256": V2_T256}
 
 
 def _rel(path: Path) -> str:
@@ -180,7 +188,8 @@ def prepare_data(plan: Plan) -> None:
 
 
 def train_overrides(plan: Plan, dataset: str, seed: int, variant: Variant | None = None) -> list[str]:
-    return [*(variant.sets if variant else ()), f"data.path={_rel(plan.data_root / dataset)}", f"data.seq_len={TRAIN_LENGTH}", f"model.vocab_size={VOCAB}",
+    return [*(variant.sets if variant else ()), f"data.path={_rel(plan.data_root / dataset)}",
+            f"data.seq_len={plan.train_length}", f"model.vocab_size={VOCAB}",
             f"train.seed={seed}", f"train.steps={plan.steps}", f"train.batch_size={plan.batch_size}",
             "train.eval_every=0", "train.save_every=0", "train.keep_last=1", "logging.progress=false",
             "logging.wandb=false"]
@@ -374,8 +383,8 @@ def _what_we_found(plan: Plan) -> list[str]:
             lines += ["not evaluated yet", ""]
             continue
         rows = load_rows(path)
-        lines += findings_markdown(rows, dataset, TRAIN_LENGTH, plan.lengths[-1])
-        gaps = position_gaps(rows, dataset, TRAIN_LENGTH)
+        lines += findings_markdown(rows, dataset, plan.train_length, plan.lengths[-1])
+        gaps = position_gaps(rows, dataset, plan.train_length)
         if gaps:
             lines += ["", f"Where in the window each variant loses at 1×: mean NLL minus ALiBi's by window position "
                           f"(nats, paired by seed; > 0 = worse):", "", *gaps]
@@ -459,7 +468,7 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
          f"{dense.n_layers} dense causal layers, RegularGPT one shared block of K = {rg.thickness} sub-layers "
          f"(chunk size C = {rg.chunk_size}) applied at ceil(log_C T) depth steps. Overrides of every run: "
          f"`{overrides}`."),
-        (f"- Training: {plan.steps} steps × batch {plan.batch_size} × length {TRAIN_LENGTH} = "
+        (f"- Training: {plan.steps} steps × batch {plan.batch_size} × length {plan.train_length} = "
          f"**{plan.train_tokens:,} tokens per run**, identical for every model; seeds: {seeds}."),
         (f"- Evaluation: `eval/extrapolate.py`, non-overlapping windows (the KERPLE/ALiBi protocol) on the test "
          f"split at L = {', '.join(map(str, plan.lengths))} (1× … {plan.multiples}×), the same {plan.eval_tokens:,} "
@@ -504,7 +513,7 @@ def discussion(plan: Plan, stats: dict[str, dict[str, float]]) -> str:
 
     cfg = load_config(ROOT / "configs" / "tiny" / "regular_gpt.json").model
     c, k, longest = cfg.chunk_size, cfg.thickness, plan.lengths[-1]
-    d_train, d_long = adaptive_depth(TRAIN_LENGTH, c), adaptive_depth(longest, c)
+    d_train, d_long = adaptive_depth(plan.train_length, c), adaptive_depth(longest, c)
     baseline = load_config(ROOT / "configs" / "tiny" / "alibi.json").model.n_layers
     speeds = [s["tokens_per_s"] for m, s in stats.items() if m != "regular_gpt"]
     seeds = plan.seed_summary()
@@ -518,7 +527,7 @@ The bullet points under each table are computed from the result files; this sect
   {seeds}; a gap marked "within the seed spread" is not significant, and single-seed gaps of a few percent are not
   either.
 - **Compute is not matched.** At equal tokens and parameters RegularGPT (C = {c}, K = {k}) applies its {k} shared
-  sub-layers at ceil(log_{c} {TRAIN_LENGTH}) = {d_train} depth steps in training ({k * d_train} layer applications
+  sub-layers at ceil(log_{c} {plan.train_length}) = {d_train} depth steps in training ({k * d_train} layer applications
   against the baselines' {baseline}{measured}). At L = {longest} it applies {d_long} depth steps ({k * d_long}
   applications): {d_long - d_train} more than it ever ran in training, at dilations up to {c}^{d_long - 1} = {c ** (d_long - 1)}.
 - **Why RegularGPT can trail a recency-biased baseline.** Each depth step sees exactly C keys at dilation C^l; past
@@ -544,8 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--demo", action="store_true", help="the small version: python-stdlib, 1 seed, RegularGPT + ALiBi "
                                                        "+ KERPLE-log + NoPE, 200 steps, up to 16× (out results/demo/lm)")
     p.add_argument("--study", choices=sorted(STUDIES), default="v1",
-                   help="which study: v1 (results/lm_cpu, superseded) or v2 (results/lm_cpu_v2: 1.2M tokens per run, "
-                        "the RegularGPT knob ablation, depth policies); default v1")
+                   help="which study: v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2: 1.2M tokens per run, "
+                        "the RegularGPT knob ablation, depth policies) or v2-t256 (results/lm_cpu_v2_t256: RegularGPT "
+                        "C8 vs ALiBi trained at T = 256, evaluated to 8192); default v1")
     p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
     p.add_argument("--steps", type=int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
     p.add_argument("--eval-tokens", type=int, help="tokens scored per length (default 16384; demo 8192)")

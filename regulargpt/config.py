@@ -182,12 +182,17 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     keep_last: int = 2
     max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
+    # Seconds a collective (all-reduce, barrier, ZeRO gather) waits for the other ranks before it fails: a hung or
+    # unreachable node ends the job after at most this long (a crashed one at once: its sockets close). It must exceed
+    # the longest work one rank does while the others wait at a barrier: rank 0 writing model.pt at the end.
+    dist_timeout_s: float = 1800.0
     # Steps at which `launch/pretrain.py --extend-to` continued a finished run; the LR schedule is re-planned from
     # each (regulargpt.train.engine.lr_factor). Written by --extend-to, not meant to be set by hand.
     extended_from: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
-        _positive(self, "steps", "lr", "eps", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last")
+        _positive(self, "steps", "lr", "eps", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last",
+                  "dist_timeout_s")
         if self.seed < 0:
             _fail("seed", self.seed, "an integer >= 0")
         if not 0.0 <= self.warmup_fraction < 1.0:

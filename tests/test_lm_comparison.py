@@ -31,3 +31,11 @@ def test_the_v2_study_trains_its_headline_rows_with_every_seed() -> None:
     for name in ("regular_gpt", "alibi", "rg_c8"):
         assert counts["python-stdlib", name] == 3 and counts["debian-prose", name] == 1
     assert all(n == 1 for (d, name), n in counts.items() if name not in ("regular_gpt", "alibi", "rg_c8"))
+
+
+def test_a_plan_trains_and_evaluates_at_its_own_training_length() -> None:
+    plan = cli.V2_T256
+    assert plan.lengths == [256, 512, 1024, 2048, 4096, 8192] and plan.train_tokens == 300 * 16 * 256
+    assert plan.train_tokens == cli.V2.train_tokens  # the same tokens as the T = 64 study
+    sets = cli.train_overrides(plan, "python-stdlib", 0, plan.models[0])
+    assert "data.seq_len=256" in sets and "model.chunk_size=8" in sets

@@ -16,7 +16,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,8 @@ from helpers import (
     ROOT,
     TINY,
     ZERO3,
+    free_port,
+    kill_tree,
     latest_step,
     pretrain,
     pretrain_args,
@@ -241,6 +244,107 @@ def test_zero3_stopped_under_each_launcher_and_by_ctrl_c_resumes_exactly(zero3_r
     assert 0 < stops[0] < stops[1] < stops[2] < 12, stops
     final = pretrain(data_dir, run_dir, *ZERO3, nproc=2)
     assert f"resuming at step {stops[2]}" in final.stderr
+    assert read_losses(run_dir) == read_losses(zero3_run)
+    assert read_metrics(run_dir)[-1]["val_loss"] == read_metrics(zero3_run)[-1]["val_loss"]
+    a = torch.load(zero3_run / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(run_dir / "model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------- two nodes, rehearsed
+
+
+def _two_nodes(args: list[str], port: int,
+               started: list[subprocess.Popen]) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
+    """Two torchrun agents on this machine as the two nodes of a job, one rank each, c10d rendezvous on 127.0.0.1:
+    what launch/slurm/pretrain.sbatch starts with `srun` on each node. Node 0 starts first and hosts the rendezvous
+    store, as the first node of an allocation does. Output goes to files next to the run directory; both agents are
+    appended to `started` (killed with their ranks when the test ends, whatever happens)."""
+    run_dir = Path(args[args.index("--run-dir") + 1])
+    agents = []
+    for node in (0, 1):
+        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-id", "rehearsal", str(ROOT / "launch" / "pretrain.py"), *args]
+        log = open(run_dir.parent / f"node{node}-{len(list(run_dir.parent.glob(f'node{node}-*')))}.log", "w")
+        agents.append(subprocess.Popen(cmd, cwd=ROOT, env=run_env(), stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True))
+        started.append(agents[-1])
+        if node == 0:
+            wait_for(agents[0], lambda: _listening(port), timeout=60)
+    return agents[0], agents[1], max(run_dir.parent.glob("node0-*.log"), key=lambda p: p.stat().st_mtime)
+
+
+def _listening(port: int) -> bool:
+    return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.net_connections("tcp"))
+
+
+def _family(proc: subprocess.Popen) -> list[psutil.Process]:
+    return [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+
+
+@pytest.fixture
+def agents() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        kill_tree(proc)
+
+
+def test_two_nodes_survive_a_killed_agent_and_a_hung_node_then_resume_exactly(
+        zero3_run: Path, data_dir: Path, tmp_path: Path, agents: list[subprocess.Popen]) -> None:
+    """Rehearsal of a 2-node job (ZeRO-3, one rank per node). (1) SIGKILL node 1's torchrun agent, then SIGTERM node 0's
+    as `srun --kill-on-bad-exit` does when one task of the step dies (else node 0's agent would wait out torchrun's
+    300 s exit barrier): rank 1 sees its launcher gone, rank 0 gets the SIGTERM, both agree to stop, write a checkpoint
+    and exit; nothing is left running. (2) Resumed on two
+    nodes, node 1 then hangs (SIGSTOP of its agent and rank: no socket closes): rank 0's next collective fails after
+    train.dist_timeout_s and node 0 ends with one error line naming the newest checkpoint, which is intact. (3) A
+    rerun on two nodes finishes with the uninterrupted single-node 2-rank run's losses and weights."""
+    timeout_s = 15
+    run_dir = tmp_path / "run"
+    args = pretrain_args(data_dir, run_dir, *ZERO3, "train.save_every=2", "train.keep_last=3",
+                         f"train.dist_timeout_s={timeout_s}")
+
+    node0, node1, _ = _two_nodes(args, free_port(), agents)
+    wait_for(node0, lambda: latest_step(run_dir) >= 2)
+    assert node0.poll() is None, "the run ended before node 1's agent was killed"
+    family = _family(node0) + _family(node1)
+    node1.kill()
+    node1.wait(timeout=60)
+    node0.send_signal(signal.SIGTERM)  # srun --kill-on-bad-exit
+    node0.wait(timeout=120)
+    _, alive = psutil.wait_procs(family, timeout=60)
+    assert not alive
+    first = latest_step(run_dir)
+    assert 2 <= first < 12 and rd.verify_checkpoint(run_dir, first) == ""
+    assert not (run_dir / "model.pt").exists()
+
+    node0, node1, log0 = _two_nodes(args, free_port(), agents)
+    wait_for(node0, lambda: latest_step(run_dir) >= first + 2)
+    assert node0.poll() is None, "the resumed run ended before node 1 hung"
+    hung = _family(node1)
+    for proc in hung:
+        proc.suspend()
+    hung_at = time.monotonic()
+    try:
+        node0.wait(timeout=timeout_s + 90)
+        waited = time.monotonic() - hung_at
+    finally:
+        for proc in hung:
+            proc.kill()
+        psutil.wait_procs(hung, timeout=60)
+    out = log0.read_text()
+    assert f"resuming at step {first}" in out
+    assert node0.returncode != 0 and "error: lost contact with another rank at step" in out, out[-3000:]
+    assert f"train.dist_timeout_s={timeout_s}" in out and waited < timeout_s + 60, waited
+    second = latest_step(run_dir)
+    assert first < second < 12 and f"the newest checkpoint is {run_dir / f'global_step{second}'}" in out
+    assert rd.verify_checkpoint(run_dir, second) == ""
+
+    node0, node1, log0 = _two_nodes(args, free_port(), agents)
+    assert node0.wait(timeout=240) == 0 and node1.wait(timeout=60) == 0, log0.read_text()[-3000:]
+    assert f"resuming at step {second}" in log0.read_text()
     assert read_losses(run_dir) == read_losses(zero3_run)
     assert read_metrics(run_dir)[-1]["val_loss"] == read_metrics(zero3_run)[-1]["val_loss"]
     a = torch.load(zero3_run / "model.pt", weights_only=True)["state_dict"]

@@ -38,6 +38,7 @@ import random
 import sys
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,8 @@ class _Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
-        deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False)
+        deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False,
+                                   timeout=timedelta(seconds=cfg.train.dist_timeout_s))
 
         t = cfg.train
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
@@ -378,6 +380,27 @@ class _Trainer:
                 "run_dir": str(self.run_dir)}
 
 
+def _is_collective_failure(err: RuntimeError) -> bool:
+    """True for the errors a collective raises when another rank died (its sockets closed) or stopped answering (the
+    timeout): gloo and NCCL raise RuntimeError or torch.distributed.DistError subclasses naming the backend."""
+    import torch.distributed as dist
+
+    text = str(err)
+    return isinstance(err, dist.DistError) or any(k in text for k in ("gloo", "NCCL", "Connection reset", "timed out",
+                                                                       "Timed out"))
+
+
+def _peer_lost_message(err: RuntimeError, step: int, run_dir: Path, timeout_s: float, resume: str) -> str:
+    """One line: what happened, where the last checkpoint is, how to continue, e.g. ``lost contact with another rank
+    at step 7 (… Connection reset by peer …): a node or rank died or hung (train.dist_timeout_s=1800); the newest
+    checkpoint is runs/x/global_step6; rerun to resume: torchrun …``."""
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    latest = rd.latest_step(run_dir)
+    where = f"the newest checkpoint is {run_dir / f'global_step{latest}'}" if latest else "no checkpoint was written"
+    return (f"lost contact with another rank at step {step + 1} ({first[:300]}): a node or rank died or hung "
+            f"(train.dist_timeout_s={timeout_s:g}); {where}; rerun to resume: {resume}")
+
+
 def _quiet_deepspeed() -> None:
     from deepspeed.utils import logger
 
@@ -412,7 +435,14 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
         _quiet_deepspeed()
         check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
         trainer = _Trainer(cfg, Path(run_dir), env, data)
-        return {**trainer.run(stop), "stop_reason": stop.reason, "resume_command": resume}
+        try:
+            summary = trainer.run(stop)
+        except RuntimeError as err:
+            if env["world_size"] == 1 or not _is_collective_failure(err):
+                raise
+            raise TrainError(_peer_lost_message(err, trainer.step, Path(run_dir), cfg.train.dist_timeout_s,
+                                                resume)) from err
+        return {**summary, "stop_reason": stop.reason, "resume_command": resume}
     finally:
         lifeline.stop()
         stop.uninstall()
