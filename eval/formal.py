@@ -15,6 +15,11 @@ Subcommands (each resumable; rerun the same command to continue)::
 
     # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
     python eval/formal.py time-to-solve --profile cpu --threads 1 --out results/formal/time_to_solve_t1.md
+
+    # one long run per seed (Modular Arithmetic: the authors trained 1M steps), seeds in turn in slices of 1,000
+    # steps, the held-out score every 500; the report is rewritten after every slice; stop any time, rerun to go on
+    python eval/formal.py long-run --task modular_arithmetic_5 --steps 100000 --hours 1 \
+        --out results/formal/modular_arithmetic_5_long.md
 """
 
 from __future__ import annotations
@@ -128,6 +133,65 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_long_run(args: argparse.Namespace) -> int:
+    """Train the profile's TASK/MODEL run of every seed to --steps (the profile's recipe otherwise), in slices of
+    --slice steps with the seeds in turn, so that every seed's curve grows together; a SolveCheck every --every steps
+    records the held-out score without changing training. After every slice (and with --report-only) the report
+    (markdown + PNG beside it) is rewritten from the runs' time_to_solve.jsonl."""
+    import shlex
+    import time
+
+    from regulargpt.evaluation.formal_long_run import curve_table, plot_curves, standing_lines
+    from regulargpt.evaluation.lm_report import provenance
+    from regulargpt.io import atomic_write_text, read_jsonl
+    from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
+
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, args.configs)
+    specs = plan_runs(profile, args.runs, configs_dir=args.configs, tasks=[args.task], models=[args.model],
+                      seeds=args.seeds, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
+    check = SolveCheck(every=args.every)
+    command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out = Path(args.out)
+
+    def report() -> None:
+        curves = {spec.seed: read_jsonl(spec.run_dir / SOLVE_FILE) for spec in specs}
+        cfg = specs[0].cfg
+        prov = provenance(command)
+        title = f"{args.task}: long {args.model} runs"
+        plot_curves(curves, out.with_suffix(".png"), title)
+        lines = [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
+                 f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+                 f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
+                 f"Adam, constant lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, one length per batch from "
+                 f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
+                 f"{args.slice:,} (seeds in turn; the slices equal one uninterrupted run). Every {check.every} steps "
+                 f"the held-out score: mean accuracy at lengths {', '.join(map(str, check.lengths))}, "
+                 f"{check.samples} fixed strings each (chance depends on the task: 1/{cfg.model.num_classes} for "
+                 f"balanced classes). Runs in `{args.runs}` (resumable: rerun the command).", "",
+                 "## Where it stands", "", *standing_lines(curves, args.steps), "",
+                 "## Held-out score against steps", "", f"![curves]({out.with_suffix('.png').name})", "",
+                 *curve_table(curves, args.every_row)]
+        atomic_write_text(out, "\n".join(lines) + "\n")
+
+    if args.report_only:
+        report()
+        print(f"wrote {out}")
+        return 0
+    deadline = time.monotonic() + args.hours * 3600 if args.hours else None
+    stop = 0
+    while stop < args.steps:
+        stop = min(stop + args.slice, args.steps)
+        for spec in specs:
+            train_formal(spec.cfg, spec.run_dir, solve_check=check, stop_at=stop)
+        report()
+        print(f"step {stop:,}: wrote {out}", flush=True)
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"--hours {args.hours:g} reached; rerun the same command to continue", flush=True)
+            break
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,11 +240,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
     p.set_defaults(func=cmd_time_to_solve)
 
+    p = sub.add_parser("long-run", help="one long run per seed, trained in slices; held-out score vs steps")
+    p.add_argument("--task", default="modular_arithmetic_5", help="task config (default modular_arithmetic_5)")
+    p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
+    p.add_argument("--profile", default="cpu", help="profile giving the recipe (default cpu)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--steps", type=int, default=100_000, help="target steps per seed (default 100000)")
+    p.add_argument("--slice", type=int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
+    p.add_argument("--every", type=int, default=500, help="steps between held-out checks (default 500)")
+    p.add_argument("--every-row", type=int, default=1000, help="steps between report table rows (default 1000)")
+    p.add_argument("--hours", type=float, default=0.0, help="stop after the slice that passes this many hours "
+                                                           "(default 0: run to --steps)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--runs", default="runs/formal_long", help="runs folder (default runs/formal_long)")
+    p.add_argument("--out", default="results/formal/modular_arithmetic_5_long.md", help="markdown report (PNG beside)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the report from the runs so far")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_long_run)
+
     args = parser.parse_args(argv)
-    for flag, low in (("every", 1), ("max_length", 0), ("samples", 0), ("threads", 1), ("workers", 1)):
+    for flag, low in (("every", 1), ("slice", 1), ("steps", 1), ("every_row", 1), ("max_length", 0), ("samples", 0),
+                      ("threads", 1), ("workers", 1), ("hours", 0)):
         value = getattr(args, flag, low)  # not every subcommand has every flag
         if value < low:
-            parser.error(f"--{flag.replace('_', '-')} {value}: expected an integer >= {low}")
+            parser.error(f"--{flag.replace('_', '-')} {value}: expected a number >= {low}")
     return args.func(args)
 
 

@@ -274,3 +274,47 @@ def test_a_run_saved_before_a_config_field_existed_still_resumes(tmp_path: Path)
     assert train_formal(cfg, tmp_path / "run").is_file()
     with pytest.raises(ConfigError, match="train.steps"):
         train_formal(tiny_cfg(steps=5), tmp_path / "run")
+
+
+def test_a_run_trained_in_slices_equals_one_run_and_the_long_run_report(tmp_path: Path) -> None:
+    """stop_at trains to a step and checkpoints without model.pt; slices 4, 7, 12 (with dropout, checks in between)
+    give the same losses, checks and weights as one run. `long-run` trains two seeds in turn and reports per-step
+    scores per seed, a standing line each and a PNG."""
+    from regulargpt.checkpoint import load_model_file
+    from regulargpt.train.formal import SOLVE_FILE, SolveCheck
+
+    cfg = tiny_cfg(steps=12, save_every=5)
+    check = SolveCheck(every=2, lengths=(7, 12), samples=8)
+    whole = train_formal(cfg, tmp_path / "whole", solve_check=check)
+    assert train_formal(cfg, tmp_path / "sliced", solve_check=check, stop_at=4) is None
+    assert not (tmp_path / "sliced" / "model.pt").exists()
+    assert train_formal(cfg, tmp_path / "sliced", solve_check=check, stop_at=7) is None
+    assert train_formal(cfg, tmp_path / "sliced", solve_check=check, stop_at=4) is None  # already past: no-op
+    sliced = train_formal(cfg, tmp_path / "sliced", solve_check=check, stop_at=12)
+    assert sliced is not None and losses(tmp_path / "whole") == losses(tmp_path / "sliced")
+    scores = [[json.loads(x)["score"] for x in (tmp_path / d / SOLVE_FILE).read_text().splitlines()]
+              for d in ("whole", "sliced")]
+    assert len(scores[0]) == 6 and scores[0] == scores[1]  # checks at steps 2, 4, …, 12 once each
+    a, b = load_model_file(whole)[1].state_dict(), load_model_file(sliced)[1].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConfigError, match="stop_at: 0"):
+        train_formal(cfg, tmp_path / "bad", stop_at=0)
+
+    configs = tmp_path / "configs"
+    (configs / "models").mkdir(parents=True)
+    (configs / "profiles").mkdir()
+    (configs / "parity_check.json").write_text(json.dumps(tiny_raw()))
+    (configs / "models" / "c2.json").write_text(json.dumps({"model": {"chunk_size": 2}}))
+    (configs / "profiles" / "t.json").write_text(json.dumps({
+        "name": "t", "description": "test", "tasks": ["parity_check"], "models": ["c2"], "seeds": [0, 1],
+        "lrs": {"*/*": [0.01]}, "eval_lengths": "1-2", "table2_task": "parity_check", "table2_p_one": [0.5]}))
+    out = tmp_path / "long.md"
+    cli = load_script("eval/formal.py")
+    args = ["long-run", "--task", "parity_check", "--model", "c2", "--profile", "t", "--configs", str(configs),
+            "--seeds", "0", "1", "--steps", "6", "--slice", "4", "--every", "2", "--every-row", "2",
+            "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    assert cli.main(args) == 0
+    text = out.read_text()
+    assert "| 2 | " in text and "| 6 | " in text and "- seed 0: step 6 of 6" in text and "- seed 1: step 6 of 6" in text
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert cli.main([*args, "--report-only"]) == 0 and out.read_text().split("## Where")[1] == text.split("## Where")[1]

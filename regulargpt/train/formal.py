@@ -203,8 +203,13 @@ def train_formal(
     *,
     task_factory: Callable[[Config], Task] = formal_task,
     solve_check: SolveCheck | None = None,
-) -> Path:
+    stop_at: int | None = None,
+) -> Path | None:
     """Train `cfg` in `run_dir` (resuming from ``ckpt.pt`` if present) and return the path of ``model.pt``.
+
+    With `stop_at` < train.steps, training stops after step `stop_at`, writes ``ckpt.pt`` and returns None (no
+    ``model.pt``): a long run trained in slices, e.g. stop_at = 1000, 2000, … for several seeds in turn. The learning
+    rate is constant and the data and RNG states are checkpointed, so the slices equal one uninterrupted run (tested).
 
     With `solve_check`, the held-out score is logged to ``time_to_solve.jsonl`` every ``solve_check.every`` steps and
     model.pt's meta records ``solved_step`` / ``solved_seconds`` (the first check >= the threshold; None if none).
@@ -212,6 +217,8 @@ def train_formal(
     `task_factory` builds the task from the config (tests pass a wrapper to simulate a crash mid-run).
     """
     run_dir = Path(run_dir)
+    if stop_at is not None and stop_at < 1:
+        raise ConfigError(f"stop_at: {stop_at} is not allowed; expected a step >= 1")
     _check_supported(cfg)
     task = task_factory(cfg)
     model_path = run_dir / MODEL_FILE
@@ -253,11 +260,12 @@ def train_formal(
 
     model.train()
     lengths = cfg.data.max_length - cfg.data.min_length + 1
-    bar = tqdm(total=tc.steps, initial=step, desc=f"{cfg.data.task}/{cfg.model.architecture}",
+    end = tc.steps if stop_at is None else min(stop_at, tc.steps)
+    bar = tqdm(total=end, initial=min(step, end), desc=f"{cfg.data.task}/{cfg.model.architecture}",
                disable=not cfg.logging.progress, dynamic_ncols=True)
     with torch.random.fork_rng(devices=[]), (run_dir / METRICS_FILE).open("a") as metrics:
         torch.set_rng_state(torch_rng)
-        while step < tc.steps:
+        while step < end:
             start, cpu_start = time.perf_counter(), time.process_time()
             length = cfg.data.min_length + int(torch.randint(lengths, (1,), generator=data_gen))
             inputs, labels = task.sample(tc.batch_size, length, data_gen)  # (B, T), (B,)
@@ -299,9 +307,11 @@ def train_formal(
                 if solved is None and score >= solve_check.threshold:
                     solved = row
                     bar.write(f"solved: held-out score {score:.3f} at step {step} after {seconds:.1f} s of training")
-            if (tc.save_every and step % tc.save_every == 0) or step == tc.steps:
+            if (tc.save_every and step % tc.save_every == 0) or step == end:
                 checkpoint()
     bar.close()
+    if step < tc.steps:
+        return None
     meta: dict[str, Any] = {"step": step, "train_seconds": round(seconds, 3), "bad_steps": bad_steps,
                             "task": cfg.data.task}
     if solve_check:

@@ -1,0 +1,71 @@
+"""The report of a long formal-language run: held-out accuracy against training steps, one curve per seed.
+
+Input: per seed, the rows of the run's ``time_to_solve.jsonl`` ({"step", "seconds", "cpu_seconds", "score"}, one
+per check; written by :class:`~regulargpt.train.formal.SolveCheck` without changing training). Output: markdown with
+one table row per reported step and one column per seed, a "where it stands" line per seed, and a PNG of the curves.
+
+Worked example: seeds {0: [(500, 0.21), (1000, 0.35)], 1: [(500, 0.20)]} with every_row=500 gives the rows
+``| 500 | 0.210 | 0.200 |`` and ``| 1000 | 0.350 | … |`` (seed 1 has not reached step 1000 yet).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from regulargpt.io import atomic_write_bytes
+
+__all__ = ["curve_table", "standing_lines", "plot_curves"]
+
+
+def curve_table(curves: dict[int, list[dict[str, Any]]], every_row: int) -> list[str]:
+    """Markdown table: one row per multiple of `every_row` that any seed has reached, one column per seed
+    (held-out score at that step, "…" where that seed has not got there yet)."""
+    seeds = sorted(curves)
+    scores = {s: {r["step"]: r["score"] for r in rows} for s, rows in curves.items()}
+    steps = sorted({step for rows in scores.values() for step in rows if step % every_row == 0})
+    lines = ["| step | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---:|" + "---:|" * len(seeds)]
+    for step in steps:
+        cells = [f"{scores[s][step]:.3f}" if step in scores[s] else "…" for s in seeds]
+        lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def standing_lines(curves: dict[int, list[dict[str, Any]]], target: int) -> list[str]:
+    """Per seed: steps trained of `target`, the latest and the best held-out score, training time so far."""
+    lines = []
+    for seed in sorted(curves):
+        rows = curves[seed]
+        if not rows:
+            lines.append(f"- seed {seed}: not started")
+            continue
+        best = max(rows, key=lambda r: r["score"])
+        last = rows[-1]
+        lines.append(f"- seed {seed}: step {last['step']:,} of {target:,}; held-out score {last['score']:.3f} now, "
+                     f"best {best['score']:.3f} (step {best['step']:,}); {last['seconds'] / 60:.1f} min of training "
+                     f"(wall, checks excluded)")
+    return lines
+
+
+def plot_curves(curves: dict[int, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Held-out score against steps, one line per seed, chance and 0.99 marked; written atomically as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for seed in sorted(curves):
+        rows = curves[seed]
+        ax.plot([r["step"] for r in rows], [r["score"] for r in rows], marker=".", label=f"seed {seed}")
+    ax.axhline(0.99, color="grey", linestyle="--", linewidth=0.8, label="0.99")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out accuracy (lengths 41–500)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
