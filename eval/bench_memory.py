@@ -75,13 +75,24 @@ def _as_rank(out_dir: Path, baseline: bool, argv: list[str]) -> None:
         return
     from regulargpt.train import loop
 
-    original = loop._Trainer.save
+    original_save, original_step, original_build = loop._Trainer.save, loop._Trainer.train_step, loop.build_engine
 
     def save(self: object) -> None:
         record.setdefault("train_peak", _peak_rss())
-        original(self)
+        original_save(self)
 
-    loop._Trainer.save = save  # type: ignore[method-assign]
+    def train_step(self: object) -> tuple[float, bool]:
+        result = original_step(self)
+        record.setdefault("step1_peak", _peak_rss())
+        return result
+
+    def build_engine(*a: object, **k: object) -> object:
+        record["before_engine_peak"] = _peak_rss()
+        result = original_build(*a, **k)
+        record["engine_peak"] = _peak_rss()
+        return result
+
+    loop._Trainer.save, loop._Trainer.train_step, loop.build_engine = save, train_step, build_engine
     sys.argv = [str(ROOT / "launch" / "pretrain.py"), *argv]
     runpy.run_path(sys.argv[0], run_name="__main__")
 
@@ -137,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                          "grads": est.grads, "optimizer": est.optimizer, "buffers": est.buffers,
                          "activations": est.activations_ac if cfg.train.activation_checkpointing else est.activations,
                          "estimate": total, "train_peak": peak["train_peak"], "exit_peak": peak["exit_peak"],
+                         "before_engine_peak": peak["before_engine_peak"], "engine_peak": peak["engine_peak"],
+                         "step1_peak": peak["step1_peak"],
                          "ratio": peak["train_peak"] / total})
         print(f"ZeRO-{stage}: {time.perf_counter() - t0:.0f} s; " + ", ".join(
             f"rank {r['rank']} {r['train_peak'] / MIB:.0f} MiB (estimate {r['estimate'] / MIB:.0f})"
@@ -161,15 +174,18 @@ def _write(out: Path, rows: list[dict[str, float]], prov: dict[str, str], args: 
         "group, building nothing) + model states + DeepSpeed buffers + activations, all from "
         "`regulargpt.scale_plan` for device \"cpu\". *Training peak* = peak RSS just before the first checkpoint "
         "(build, DeepSpeed init, the steps, the final validation); *exit peak* adds the checkpoint and, on rank 0, "
-        "the model.pt export. MiB = 2^20 bytes.", "",
-        "| ZeRO | rank | baseline | weights | grads | optimizer | buffers | activations | estimate | training peak "
-        "| measured ÷ estimate | exit peak |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "the model.pt export. Peak RSS so far at three earlier points: *built* (model built, before "
+        "`deepspeed.initialize`), *engine* (after it), *step 1* (after the first optimizer step). MiB = 2^20 bytes.",
+        "",
+        "| ZeRO | rank | baseline | weights | grads | optimizer | buffers | activations | estimate | built | engine "
+        "| step 1 | training peak | measured ÷ estimate | exit peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['stage']} | {r['rank']} | " + " | ".join(
             f"{r[k] / MIB:.0f}" for k in ("baseline", "weights", "grads", "optimizer", "buffers", "activations",
-                                          "estimate", "train_peak")) + f" | {r['ratio']:.3f} | "
+                                          "estimate", "before_engine_peak", "engine_peak", "step1_peak",
+                                          "train_peak")) + f" | {r['ratio']:.3f} | "
             f"{r['exit_peak'] / MIB:.0f} |")
     worst = max(rows, key=lambda r: abs(r["ratio"] - 1))
     lines += ["", f"Largest deviation: ZeRO-{worst['stage']} rank {worst['rank']}, measured ÷ estimate "

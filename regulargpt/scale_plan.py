@@ -15,10 +15,10 @@ so bf16 ZeRO-2 is 2P + 18P/N, exactly DeepSpeed's ``estimate_zero2_model_states_
 bf16 ZeRO-3 is 20P/N + 4·P_layer, DeepSpeed's ``estimate_zero3_model_states_mem_needs`` plus 2P/N (DeepSpeed's
 18 leaves out the sharded 16-bit weights). fp32 training at ZeRO 0 is plain AdamW, 4P + 4P + 8P (no master copy,
 no second gradient); at ZeRO ≥ 1 DeepSpeed still keeps its fp32 partition (a copy) and its fp32 gradient partition.
-Worked example, the base config (P = 40,604,544, bf16) on 2 ranks at ZeRO 1: 2P + 2P + 16P/2 = 12P = 487 MB.
+Worked example, the base config (P = 40,629,888, bf16) on 2 ranks at ZeRO 1: 2P + 2P + 16P/2 = 12P = 487 MB.
 
-**DeepSpeed buffers** (:func:`zero_buffers`): ZeRO 2–3 reduce gradients in buckets of ``reduce_bucket_size``
-(default 5e8 elements), so b·min(P, bucket) of 16-bit gradients can be live at once; ZeRO-3 gathers up to
+**DeepSpeed buffers** (:func:`zero_buffers`): ZeRO 1–3 reduce gradients through flattened buckets of
+``reduce_bucket_size`` (default 5e8 elements), a copy of b·min(P, bucket) bytes; ZeRO-3 gathers up to
 ``stage3_max_live_parameters`` (default 1e9) 16-bit weights. Below 5e8 parameters both are the whole model.
 
 **Activations** (:func:`activation_bytes`): what autograd saves, counted from the model code (and checked against
@@ -113,7 +113,7 @@ def model_size(cfg: ModelConfig) -> ModelSize:
 
     Closed form for the LM heads (h = ffn_mult·d; no qkv bias, untied, pre-LN): one layer has
     4d² + 2hd + h + 5d weights; RegularGPT = V·d + K·(layer + H·C) + d (pad) + 2d + d·V; a dense baseline =
-    V·d + n_layers·layer + 2d + d·V. Base config (V 8000, d 768, H 12, C 8, K 4): 40,604,544.
+    V·d + n_layers·layer + 2d + d·V. Base config (V 8000, d 768, H 12, C 8, K 4): 40,629,888.
     """
     with torch.device("meta"):
         model = build_model(cfg)
@@ -142,10 +142,12 @@ def model_state_bytes(size: ModelSize, stage: int, ranks: int, precision: str) -
 
 def zero_buffers(size: ModelSize, stage: int, precision: str, bucket: int = DEFAULT_BUCKET,
                  max_live: int = DEFAULT_MAX_LIVE) -> float:
-    """DeepSpeed's bucket and gather buffers beyond :func:`model_state_bytes`: ZeRO 2–3 hold up to min(P, bucket)
-    16-bit gradients before reducing them; ZeRO-3 gathers up to min(P, max_live) 16-bit weights."""
+    """DeepSpeed's buffers beyond :func:`model_state_bytes`: at ZeRO 1–3 gradients are reduced through a flattened
+    bucket of up to min(P, reduce_bucket_size) elements in the working precision (``flatten`` copies them;
+    deepspeed/runtime/zero/stage_1_and_2.py ``allreduce_bucket``); ZeRO-3 also gathers up to
+    min(P, stage3_max_live_parameters) 16-bit weights. ZeRO-0 reduces the gradients in place."""
     b = precision_bytes(precision)
-    if stage < 2:
+    if stage == 0:
         return 0.0
     extra = b * min(size.params, bucket)
     if stage == 3:
