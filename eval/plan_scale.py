@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import Config, ConfigError, build_section, load_config, read_json  # noqa: E402
+from regulargpt.evaluation.lm_report import provenance  # noqa: E402
 from regulargpt.io import atomic_write_text  # noqa: E402
 from regulargpt.scale_plan import (  # noqa: E402
     GIB,
@@ -111,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch is not None and args.batch < 1:
         raise ConfigError(f"--batch: {args.batch} is not allowed; expected an integer >= 1")
     cluster = make_cluster(args.cluster, {k: getattr(args, k) for k in _FLAGS})
+    prov = provenance(shlex.join(["python", "eval/plan_scale.py", *(sys.argv[1:] if argv is None else argv)]))
     out = [f"# Scale plan: {cluster.nodes} × {cluster.gpus_per_node} GPUs of {cluster.gpu_memory_gb:g} GB", "",
+           f"A projection on paper, not a measurement. Command: `{prov['command']}`; commit {prov['commit']}, "
+           f"{prov['date']}.", "",
            f"Assumed: peak {cluster.peak_tflops:g} TFLOP/s per GPU, MFU {cluster.mfu:g}, reserve "
            f"{cluster.reserve_gb:g} GB; model states for Adam in mixed precision (weights and grads in the working "
            "precision, 16 bytes of fp32 grads, master and moments per parameter), activations as stored by this "
