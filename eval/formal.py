@@ -16,6 +16,9 @@ Subcommands (each resumable; rerun the same command to continue)::
     # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
     python eval/formal.py time-to-solve --profile cpu --threads 1 --out results/formal/time_to_solve_t1.md
 
+    # step counts from pilot runs: the step from which training batches stay >= 0.99, and 1.6x it
+    python eval/formal.py pilot-steps --runs /tmp/pilot/tomita_3-s0 /tmp/pilot/dyck_2-s0
+
     # one long run per seed (Modular Arithmetic: the authors trained 1M steps), seeds in turn in slices of 1,000
     # steps, the held-out score every 500; the report is rewritten after every slice; stop any time, rerun to go on
     python eval/formal.py long-run --task modular_arithmetic_5 --steps 100000 --hours 1 \
@@ -192,6 +195,28 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pilot_steps(args: argparse.Namespace) -> int:
+    """Per pilot run: its task, steps trained, the stable step and the recommended step count (a markdown table)."""
+    import json
+
+    from regulargpt.evaluation.formal_pilots import recommended_steps, stable_step
+    from regulargpt.io import read_jsonl
+
+    print("| pilot | task | steps trained | stable from step | recommended steps |")
+    print("|---|---|---:|---:|---:|")
+    for run_dir in map(Path, args.runs):
+        rows = read_jsonl(run_dir / "metrics.jsonl")
+        if not rows:
+            print(f"| {run_dir.name} | — | 0 | not started | — |")
+            continue
+        task = json.loads((run_dir / "config.resolved.json").read_text())["data"]["task"]
+        stable = stable_step(rows, args.threshold)
+        advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None
+                  else "not stable | more than the pilot's steps")
+        print(f"| {run_dir.name} | {task} | {rows[-1]['step']:,} | {advice} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -239,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="markdown report, e.g. results/formal/time_to_solve_t1.md")
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
     p.set_defaults(func=cmd_time_to_solve)
+
+    p = sub.add_parser("pilot-steps", help="step counts from pilot runs' training-batch accuracy")
+    p.add_argument("--runs", nargs="+", required=True, help="pilot run directories (metrics.jsonl logged)")
+    p.add_argument("--threshold", type=float, default=0.99, help="training-batch accuracy (default 0.99)")
+    p.add_argument("--factor", type=float, default=1.6, help="margin over the stable step (default 1.6)")
+    p.set_defaults(func=cmd_pilot_steps)
 
     p = sub.add_parser("long-run", help="one long run per seed, trained in slices; held-out score vs steps")
     p.add_argument("--task", default="modular_arithmetic_5", help="task config (default modular_arithmetic_5)")

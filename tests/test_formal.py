@@ -318,3 +318,14 @@ def test_a_run_trained_in_slices_equals_one_run_and_the_long_run_report(tmp_path
     assert "| 2 | " in text and "| 6 | " in text and "- seed 0: step 6 of 6" in text and "- seed 1: step 6 of 6" in text
     assert out.with_suffix(".png").stat().st_size > 0
     assert cli.main([*args, "--report-only"]) == 0 and out.read_text().split("## Where")[1] == text.split("## Where")[1]
+
+
+def test_pilot_stable_step_and_recommended_steps() -> None:
+    from regulargpt.evaluation.formal_pilots import recommended_steps, stable_step
+
+    rows = [{"step": s, "acc": a} for s, a in ((50, 0.62), (100, 1.0), (150, 0.97), (200, 1.0), (250, 0.995))]
+    assert stable_step(rows) == 200 and recommended_steps(200) == 400
+    assert stable_step(rows, threshold=0.96) == 100 and recommended_steps(100, factor=1.6) == 200
+    assert stable_step([*rows, {"step": 300, "acc": 0.5}]) is None  # did not fit by the end
+    assert stable_step(list(reversed(rows))) == 200  # order of the log lines does not matter
+    assert recommended_steps(1100) == 1800 and recommended_steps(1250) == 2000
