@@ -31,7 +31,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.peak import machine_key, measure_peak, raise_peak
 
 _WORKER = textwrap.dedent(

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import git_commit, machine  # noqa: E402  (sibling script)
 
-from regulargpt.io import atomic_write_text, read_jsonl  # noqa: E402
+from regulargpt.files import atomic_write_text, read_jsonl  # noqa: E402
 from regulargpt.model.sliding_dilated import adaptive_depth, choose_algorithm, sliding_dilated_attention  # noqa: E402
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import git_commit, machine, matmul_peak_gflops  # noqa: E402  (sibling script)
 
 from regulargpt.config import load_config  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
 
 _WORKER = textwrap.dedent(
     """

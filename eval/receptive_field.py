@@ -36,7 +36,7 @@ from regulargpt.evaluation.receptive_field import (
     receptive_field,
     write_csv,
 )
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 
 
 def markdown(summary: dict) -> str:

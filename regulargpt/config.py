@@ -523,7 +523,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config atomically (temporary file + rename)."""
-    from regulargpt.io import atomic_write_text
+    from regulargpt.files import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(config_to_dict(cfg), indent=2, sort_keys=True) + "\n")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 
 __all__ = ["PEAK_ENV", "cache_path", "machine_key", "measure_peak", "cached_peak", "raise_peak"]
 

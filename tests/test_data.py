@@ -28,7 +28,7 @@ from regulargpt.data import (
     prepare,
 )
 from regulargpt.data.shards import assign_splits
-from regulargpt.io import atomic_open, sha256_file
+from regulargpt.files import atomic_open, sha256_file
 
 PY_SNIPPET = 'def f(x, y=2):\n\tif x  >  10_000:  # tab, two spaces\n        return "é ∑ 日本"\n\n\n    return y   \n'
 PROSE = "The quick brown fox jumps over the lazy dog.  Two spaces here;\n\n  indented line, ünïcode, 3.14159!\n"

@@ -43,7 +43,7 @@ from helpers import (
 
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import load_config_dict
-from regulargpt.io import read_jsonl
+from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
 from regulargpt.train import run_dir as rd

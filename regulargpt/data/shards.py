@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from regulargpt.data.sources import DataError, Source, load_documents, resolve_source
 from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
-from regulargpt.io import atomic_open, sha256_file
+from regulargpt.files import atomic_open, sha256_file
 
 if TYPE_CHECKING:
     import datasets

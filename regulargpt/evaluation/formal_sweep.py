@@ -54,7 +54,7 @@ from regulargpt.evaluation.formal import (
     range_score,
     read_rows,
 )
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.tasks import Task, make_task
 from regulargpt.train.formal import MODEL_FILE, formal_task, train_formal
 

@@ -28,7 +28,7 @@ import torch
 from regulargpt.config import Config, load_config_dict
 from regulargpt.evaluation.formal import range_score, read_rows
 from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE, Profile, RunSpec, recipe_id
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.train.formal import CONFIG_FILE, MODEL_FILE
 
 __all__ = ["FinishedRun", "collect_runs", "provenance", "table1", "table2", "write_tables"]

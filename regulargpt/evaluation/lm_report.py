@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from regulargpt.io import atomic_write_bytes, atomic_write_text
+from regulargpt.files import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "ROW_KEY",

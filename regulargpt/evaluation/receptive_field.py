@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from regulargpt.config import Config
 from regulargpt.evaluation.probes import input_gradient_norms
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.tasks import make_task
 
 __all__ = ["ReceptiveField", "formal_batch", "lm_batch", "plot_receptive_field", "receptive_field", "write_csv"]

@@ -57,7 +57,7 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.faults import nan_plan, poison
-from regulargpt.train.logging import MetricsLog
+from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
 __all__ = ["open_data", "train"]

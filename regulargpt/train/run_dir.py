@@ -4,7 +4,7 @@ Layout::
 
     runs/tiny-regular_gpt-seed0/
       config.resolved.json          the full config this run trains with (compared on resume)
-      metrics.jsonl                 one JSON object per logged step (see regulargpt.train.logging)
+      metrics.jsonl                 one JSON object per logged step (see regulargpt.train.metrics_log)
       global_step100/               DeepSpeed checkpoint of step 100 (files depend on the ZeRO stage) plus
         trainer_state.json            step, tokens, world size, sampler state, data fingerprint, parameter names
         rng_rank<r>.pt                each rank's python / numpy / torch RNG states
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
-from regulargpt.io import atomic_write_text, read_json_object, sha256_file
+from regulargpt.files import atomic_write_text, read_json_object, sha256_file
 from regulargpt.train.engine import TrainError
 
 __all__ = [
@@ -381,7 +381,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def save_rng(run_dir: Path, step: int, rank: int) -> None:
-    from regulargpt.io import atomic_write
+    from regulargpt.files import atomic_write
 
     atomic_write(run_dir / f"global_step{step}" / f"rng_rank{rank}.pt", lambda f: torch.save(rng_state(), f))
 
