@@ -122,17 +122,6 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
     assert rd.prune_checkpoints(legacy, keep=1) == [] and not list(legacy.glob(".deleting-*"))
 
 
-def test_jsonl_torn_last_line_is_dropped_and_repaired_only_on_request(tmp_path: Path) -> None:
-    path = tmp_path / "rows.jsonl"
-    path.write_bytes(b'{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
-    assert read_jsonl(path) == [{"step": 1}, {"step": 2}] and path.read_bytes().endswith(b'"lo')  # readers: no write
-    assert read_jsonl(path, repair=True) == [{"step": 1}, {"step": 2}]
-    assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
-    path.write_bytes(b'{"step": 1}\nnot json\n')
-    with pytest.raises(ValueError, match="line 2 is not JSON"):
-        read_jsonl(path)
-
-
 # --------------------------------------------------------------------------- kill -9 at random moments, 2 ranks
 
 

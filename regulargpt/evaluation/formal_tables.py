@@ -28,7 +28,7 @@ import torch
 from regulargpt.config import Config, load_config_dict
 from regulargpt.evaluation.formal import range_score, read_rows
 from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE, Profile, RunSpec, recipe_id
-from regulargpt.files import atomic_write_text
+from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.train.formal import CONFIG_FILE, MODEL_FILE
 
 __all__ = ["FinishedRun", "collect_runs", "provenance", "table1", "table2", "write_tables"]
@@ -61,14 +61,14 @@ def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun],
     finished, pending = [], []
     for sweep_file in sorted(Path(runs_dir).glob(f"*/*/*/{SWEEP_FILE}")):
         run_dir = sweep_file.parent
-        info = json.loads(sweep_file.read_text())
+        info = read_json_object(sweep_file)
         if info["profile"] != profile:
             continue
         name = str(run_dir.relative_to(runs_dir))
         if not (run_dir / MODEL_FILE).is_file():
             pending.append(name)
             continue
-        cfg = load_config_dict(json.loads((run_dir / CONFIG_FILE).read_text()), source=str(run_dir / CONFIG_FILE))
+        cfg = load_config_dict(read_json_object(run_dir / CONFIG_FILE), source=str(run_dir / CONFIG_FILE))
         trained_p = cfg.data.task_options.get("p_one", 0.5)  # evaluated once, in range.jsonl (as the sweep does)
         files: dict[float | None, Path] = {None: run_dir / RANGE_FILE}
         files.update({p: run_dir / (RANGE_FILE if p == trained_p else f"range_p{p:g}.jsonl")

@@ -26,6 +26,7 @@ from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.evaluation.lm_report import row_key
+from regulargpt.files import read_jsonl
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -205,27 +206,13 @@ def check_compatible(info: RunInfo, split: TokenSplit) -> None:
 
 
 class ResultsFile:
-    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; a partial last line left by
-    a crash is cut off when the file is opened, so the next append starts on a clean line."""
+    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; opening the file reads it with
+    :func:`regulargpt.files.read_jsonl` (a partial last line left by a crash is dropped and, with ``repair``, cut off
+    so the next append starts on a clean line; any other bad line is an error)."""
 
     def __init__(self, path: str | Path, repair: bool = True) -> None:
         self.path = Path(path)
-        self.rows: list[dict[str, Any]] = []
-        if not self.path.is_file():
-            return
-        data = self.path.read_bytes()
-        keep = data.rfind(b"\n") + 1  # bytes up to the last complete line
-        for line in data[:keep].splitlines():
-            if line.strip():
-                try:
-                    self.rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line torn by a crash in the middle of the file cannot happen; ignore if it does
-        if keep != len(data) and repair:
-            with open(self.path, "r+b") as f:
-                f.truncate(keep)
-                f.flush()
-                os.fsync(f.fileno())
+        self.rows: list[dict[str, Any]] = read_jsonl(self.path, repair=repair)
 
     def latest(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The last row written for every key."""

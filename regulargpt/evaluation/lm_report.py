@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from regulargpt.files import atomic_write_bytes, atomic_write_text
+from regulargpt.files import atomic_write_bytes, atomic_write_text, read_jsonl
 
 __all__ = [
     "ROW_KEY",
@@ -63,14 +63,11 @@ def row_key(row: Row) -> tuple[Any, ...]:
 
 
 def load_rows(path: str | Path) -> list[Row]:
-    """Complete JSON lines of a results file (a torn last line is ignored)."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """The rows of a results file, read with :func:`regulargpt.files.read_jsonl` (a torn last line is dropped with a
+    warning; any other bad line is an error naming file and line). FileNotFoundError if there is no file."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no results file")
+    return read_jsonl(path)
 
 
 def latest_rows(rows: Sequence[Row]) -> list[Row]:
