@@ -28,7 +28,6 @@ import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import run
-from regulargpt.evaluation.lm_report import provenance
 from regulargpt.evaluation.receptive_field import (
     formal_batch,
     lm_batch,
@@ -37,6 +36,7 @@ from regulargpt.evaluation.receptive_field import (
     write_csv,
 )
 from regulargpt.files import atomic_write_text
+from regulargpt.provenance import provenance
 
 
 def markdown(summary: dict) -> str:

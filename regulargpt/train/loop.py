@@ -52,6 +52,7 @@ from regulargpt.train.engine import (
     TrainError,
     build_engine,
     check_deepspeed_config,
+    check_precision,
     lr_factor,
     prepare_process_env,
     skip_shm_build,
@@ -394,9 +395,7 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
     env = prepare_process_env()
-    if cfg.train.precision == "fp16" and not torch.cuda.is_available():
-        raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
-                         "use --set train.precision=bf16 or fp32")
+    check_precision(cfg)
     data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     if orphaned(parent_at_start):
         raise TrainError(f"the launcher that started this process (pid {parent_at_start}) has ended; nothing was "
