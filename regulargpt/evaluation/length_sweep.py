@@ -103,6 +103,11 @@ class RunInfo:
         return self.cfg.train.seed
 
     @property
+    def params(self) -> int:
+        """The model's parameter count (rows report it; the memory estimate counts its fp32 weights)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
     def variant(self) -> dict[str, Any]:
         return run_variant(self.cfg, self.meta)
 
@@ -258,7 +263,7 @@ def _row_base(info: RunInfo, dataset: str, split: str, length: int, protocol: Pr
     return {"run": info.run, "depth_policy": info.depth_override, "model": info.label, "seed": info.seed,
             "variant": variant_id(variant), "variant_config": variant, "dataset": dataset, "split": split,
             "length": length, "protocol": protocol, "stride": stride, "tokens": tokens,
-            "train_length": info.cfg.data.seq_len, "params": sum(p.numel() for p in info.model.parameters())}
+            "train_length": info.cfg.data.seq_len, "params": info.params}
 
 
 def distributed_context() -> tuple[int, int]:
@@ -391,9 +396,9 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
                            f"learned absolute positions end at max_positions={cfg.max_positions}", "positions", **common)
     plan = plan_windows(n, length, protocol, stride)
     per_rank = -(-len(plan.starts) // world)
-    fits = choose_batch_size(cfg, length, memory_gb, per_rank)
+    fits = choose_batch_size(cfg, length, memory_gb, per_rank, info.params)
     if fits == 0:
-        need = estimate_memory(cfg, length, 1) / 2**30
+        need = estimate_memory(cfg, length, 1, info.params) / 2**30
         return skipped_row(info, dataset, split, length, protocol, stride, n,
                            f"needs ~{need:.1f} GiB for one window (budget {memory_gb:g} GiB)", "memory", **common)
     batch = min(batch_size, fits) if batch_size else fits
