@@ -24,15 +24,19 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from regulargpt.errors import UserError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "read_json_object",
     "CorruptFileError",
     "TornLineWarning",
     "atomic_open",
+    "atomic_savefig",
     "atomic_write",
     "atomic_write_text",
     "atomic_write_bytes",
@@ -97,6 +101,13 @@ def atomic_write_bytes(path: str | Path, data: bytes, previous: str | Path | Non
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_savefig(fig: Figure, path: str | Path, **savefig_kwargs: Any) -> None:
+    """``fig.savefig`` into :func:`atomic_open`, in the format of the suffix (``plot.png`` → PNG), e.g.
+    ``atomic_savefig(fig, "out/clusters.png", dpi=110)``: a plot is never seen half-written either."""
+    with atomic_open(path) as handle:
+        fig.savefig(handle, format=Path(path).suffix.lstrip("."), **savefig_kwargs)
 
 
 def read_jsonl(path: str | Path, repair: bool = False) -> list[Any]:

@@ -1,5 +1,5 @@
 """Data pipeline: prepare (txt, jsonl, python-stdlib), manifest, tokenizer round trip, splits, atomic writes,
-reading errors, WindowSampler and iter_windows. CPU, offline, no downloads (Debian fetching is monkeypatched)."""
+reading errors and WindowSampler. CPU, offline, no downloads (Debian fetching is monkeypatched)."""
 from __future__ import annotations
 
 import doctest
@@ -22,7 +22,6 @@ from regulargpt.data import (
     Tokenizer,
     TokenSplit,
     WindowSampler,
-    iter_windows,
     load_manifest,
     open_split,
     prepare,
@@ -282,12 +281,9 @@ def test_window_sampler_state_and_errors(tmp_path: Path) -> None:
     assert edge.batch(0).tolist() == [list(range(10))] * 3
 
 
-def test_iter_windows(tmp_path: Path) -> None:
+def test_open_split_of_a_small_vocabulary_is_uint16_tokens(tmp_path: Path) -> None:
     split = open_split(_arange_folder(tmp_path, 10), "val")
-    assert [w.tolist() for w in iter_windows(split, 4)] == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
-    assert [w.tolist() for w in iter_windows(split, 4, max_tokens=7)] == [[0, 1, 2, 3, 4]]
-    assert [len(w) for w in iter_windows(split, 9)] == [10] and list(iter_windows(split, 10)) == []
-    assert isinstance(split, TokenSplit) and split.tokens.dtype == np.uint16
+    assert isinstance(split, TokenSplit) and split.tokens.dtype == np.uint16 and split.tokens.tolist() == list(range(10))
 
 
 # --------------------------------------------------------------------------------------------- Debian (offline)

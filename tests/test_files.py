@@ -14,7 +14,7 @@ from regulargpt.config import ConfigError, load_config
 from regulargpt.evaluation.formal import read_rows
 from regulargpt.evaluation.length_sweep import ResultsFile
 from regulargpt.evaluation.lm_report import load_rows
-from regulargpt.files import CorruptFileError, TornLineWarning, read_json_object, read_jsonl
+from regulargpt.files import CorruptFileError, TornLineWarning, atomic_savefig, read_json_object, read_jsonl
 
 GOOD = b'{"length": 16, "n": 1}\n{"length": 32, "n": 2}\n'
 ROWS = [{"length": 16, "n": 1}, {"length": 32, "n": 2}]
@@ -93,3 +93,27 @@ def test_json_object_reads_an_object_and_names_a_missing_file(tmp_path: Path) ->
     assert read_json_object(path) == {"a": [1, 2]}
     with pytest.raises(ConfigError, match=r"nope\.json: config file not found"):
         read_json_object(tmp_path / "nope.json", ConfigError, kind="config file")
+
+
+def test_plots_are_written_atomically_with_the_bytes_savefig_writes(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 4])
+    fig.savefig(tmp_path / "direct.png", dpi=50)
+    atomic_savefig(fig, tmp_path / "plot.png", dpi=50)
+    assert (tmp_path / "plot.png").read_bytes() == (tmp_path / "direct.png").read_bytes()
+
+    def crash(*args: object, **kwargs: object) -> None:
+        args[0].write(b"\x89PNG half")  # type: ignore[attr-defined]
+        raise RuntimeError("killed mid-plot")
+
+    fig.savefig = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="mid-plot"):
+        atomic_savefig(fig, tmp_path / "plot.png", dpi=50)
+    assert (tmp_path / "plot.png").read_bytes() == (tmp_path / "direct.png").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["direct.png", "plot.png"]  # no temporary file left
+    plt.close(fig)

@@ -1,4 +1,4 @@
-"""Reading token splits for training (random windows, resumable from the step alone) and evaluation (chunks).
+"""Reading token splits for training: random windows, resumable from the step alone.
 
 Example:
 
@@ -9,7 +9,6 @@ Example:
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -94,22 +93,3 @@ class WindowSampler:
                                 f"{key}={mine[key]!r}; resume with the same {key} (or start a new run directory)")
         self.consumed_steps = int(state.get("consumed_steps", 0))
 
-
-def iter_windows(split: TokenSplit, length: int, max_tokens: int | None = None) -> Iterator[np.ndarray]:
-    """Consecutive non-overlapping evaluation windows of `length + 1` tokens (int64 arrays).
-
-    Window i covers tokens [i*length, (i+1)*length], both ends included: `w[:-1]` are the inputs and `w[1:]` the
-    targets, so each token after position 0 is predicted exactly once. There are `(len(split) - 1) // length`
-    windows (a shorter tail is dropped), or `max_tokens // length` if that is smaller.
-
-    Example (a split holding the tokens 0, 1, ..., 9):
-
-        [w.tolist() for w in iter_windows(split, length=4)]  # [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
-    """
-    if length < 1:
-        raise DataError(f"iter_windows: length {length} must be >= 1")
-    count = (len(split) - 1) // length
-    if max_tokens is not None:
-        count = min(count, max_tokens // length)
-    for i in range(count):
-        yield np.asarray(split.tokens[i * length:(i + 1) * length + 1], dtype=np.int64)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from regulargpt.files import atomic_write_bytes, atomic_write_text, read_jsonl
+from regulargpt.files import atomic_savefig, atomic_write_text, read_jsonl
 from regulargpt.provenance import provenance
 
 __all__ = [
@@ -213,11 +213,7 @@ def _pyplot():
 
 
 def _save(fig: Any, path: Path) -> None:
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_savefig(fig, path, dpi=130, bbox_inches="tight")
 
 
 def _plain_ticks(ax: Any, lengths: list[int]) -> None:
