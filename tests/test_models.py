@@ -61,9 +61,13 @@ CLASSIFIERS = [
     ("rnn", dict(d_model=64, n_layers=1)),
     ("lstm", dict(d_model=32, n_layers=2)),
 ]
+SLOW_TO_OVERFIT = {"regular_gpt-", "transformer-xl_relative"}  # about 6 s each: left to the full suite
 
 
-@pytest.mark.parametrize("arch,extra", CLASSIFIERS, ids=[f"{a}-{e.get('position', '')}" for a, e in CLASSIFIERS])
+@pytest.mark.parametrize("arch,extra", [
+    pytest.param(a, e, id=f"{a}-{e.get('position', '')}",
+                 marks=[pytest.mark.slow] if f"{a}-{e.get('position', '')}" in SLOW_TO_OVERFIT else [])
+    for a, e in CLASSIFIERS])
 def test_two_layer_classifier_overfits_one_batch(arch, extra):
     model = build_model(_cfg(arch, head="classifier", num_classes=3, **extra))
     x = torch.randint(0, 17, (16, 13))
