@@ -262,19 +262,19 @@ def test_window_sampler_determinism_ranks_and_content(tmp_path: Path) -> None:
     assert int(x.max()) <= 999
 
 
-def test_window_sampler_state_and_errors(tmp_path: Path) -> None:
+def test_window_sampler_settings_resume_check_and_errors(tmp_path: Path) -> None:
     split = open_split(_arange_folder(tmp_path, 10), "train")
     s = WindowSampler(split, seq_len=4, micro_batch_size=2, seed=1, world_size=2)
     s.batch(3)
-    state = s.state_dict()
+    state = s.settings()
     assert state == {"seed": 1, "seq_len": 4, "micro_batch_size": 2, "rank": 0, "world_size": 2, "consumed_steps": 4}
     resumed = WindowSampler(split, seq_len=4, micro_batch_size=2, seed=1, rank=1, world_size=2)
-    resumed.load_state_dict(json.loads(json.dumps(state)))  # survives JSON; any rank may load rank 0's state
+    resumed.check_resume(json.loads(json.dumps(state)))  # survives JSON; any rank may check rank 0's copy
     assert resumed.consumed_steps == 4
     with pytest.raises(DataError, match="resume mismatch: .*seq_len=4, this run has seq_len=5"):
-        WindowSampler(split, seq_len=5, micro_batch_size=2, seed=1, world_size=2).load_state_dict(state)
+        WindowSampler(split, seq_len=5, micro_batch_size=2, seed=1, world_size=2).check_resume(state)
     with pytest.raises(DataError, match="resume mismatch: .*seed=1, this run has seed=2"):
-        WindowSampler(split, seq_len=4, micro_batch_size=2, seed=2, world_size=2).load_state_dict(state)
+        WindowSampler(split, seq_len=4, micro_batch_size=2, seed=2, world_size=2).check_resume(state)
     with pytest.raises(DataError, match="has 10 tokens, fewer than seq_len \\+ 1 = 11"):
         WindowSampler(split, seq_len=10, micro_batch_size=2, seed=1)
     edge = WindowSampler(split, seq_len=9, micro_batch_size=3, seed=0)  # exactly one possible window

@@ -170,7 +170,7 @@ class _Trainer:
 
     def _state(self) -> dict[str, Any]:
         return {"step": self.step, "tokens": self.tokens, "world_size": self.world, "bad_steps": self.bad_steps,
-                "sampler": self.sampler.state_dict(),
+                "sampler": self.sampler.settings(),
                 "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
                 "precision": self.cfg.train.precision, "param_names": self.param_names}
 
@@ -226,7 +226,7 @@ class _Trainer:
                              f"configured model ({type(err).__name__}: {str(err)[:300]})") from None
         if path is None:
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
-        self.sampler.load_state_dict(state["sampler"])
+        self.sampler.check_resume(state["sampler"])
         rd.load_rng(self.run_dir, step, self.rank)
         # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
         # schedule, so set it from this config's (for an ordinary resume this is the same value).
