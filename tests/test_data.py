@@ -216,7 +216,7 @@ def test_manifest_errors(tmp_path: Path) -> None:
         load_manifest(tmp_path / "empty")
     d = _arange_folder(tmp_path)
     (d / "manifest.json").write_text("{not json")
-    with pytest.raises(DataError, match="manifest.json is not valid JSON"):
+    with pytest.raises(DataError, match=r"manifest\.json: malformed JSON at line 1, column 2: .*; run `python data_prep"):
         load_manifest(d)
     (d / "manifest.json").write_text(json.dumps({"format_version": 1, "dtype": "uint16", "vocab_size": 10}))
     with pytest.raises(DataError, match="missing key 'tokenizer'"):

@@ -26,7 +26,7 @@ from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.evaluation.lm_report import row_key
-from regulargpt.files import read_jsonl
+from regulargpt.files import read_json_object, read_jsonl
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -161,12 +161,12 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
         return meta_sha, f"{info.path} meta"
     state = info.path.parent / str(info.meta.get("checkpoint", "")) / "trainer_state.json"
     if info.meta.get("checkpoint") and state.is_file():
-        sha = _find_key(json.loads(state.read_text()), "tokenizer_sha256")
+        sha = _find_key(read_json_object(state), "tokenizer_sha256")
         if sha:
             return sha, str(state)
     saved = info.path.parent / "data_manifest.json"
     if saved.is_file():
-        sha = _find_key(json.loads(saved.read_text()).get("tokenizer", {}), "sha256")
+        sha = _find_key(read_json_object(saved).get("tokenizer", {}), "sha256")
         if sha:
             return sha, str(saved)
     if info.cfg.data.path and (Path(info.cfg.data.path) / "manifest.json").is_file():
