@@ -103,7 +103,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_savefig(fig: Figure, path: str | Path, **savefig_kwargs: Any) -> None:
+def atomic_savefig(fig: Figure, path: str | Path, **savefig_kwargs: object) -> None:
     """``fig.savefig`` into :func:`atomic_open`, in the format of the suffix (``plot.png`` → PNG), e.g.
     ``atomic_savefig(fig, "out/clusters.png", dpi=110)``: a plot is never seen half-written either."""
     with atomic_open(path) as handle:
