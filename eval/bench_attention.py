@@ -24,15 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.peak import machine_key, measure_peak, raise_peak
+from regulargpt.provenance import git_commit, machine, utc_date
 
 _WORKER = textwrap.dedent(
     """
@@ -135,24 +135,6 @@ def dense_reference_gib(t: int, heads: int) -> float:
     return 4 * heads * t * t * 4 / 2**30
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192,16384,32768,65536",
@@ -237,7 +219,7 @@ def render(rows: list[dict], args: argparse.Namespace, chunks: list[int], heads_
         f"Command: `python {' '.join(sys.argv)}`  ",
         f"Git commit: {git_commit()}  ",
         f"Machine: {machine()}, torch threads {args.threads}  ",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+        f"Date: {utc_date()}  ",
         f"Shapes: B=1, Dh={dh}, with pad key/value; kernel dilation = C, algorithm `{args.kernel_algorithm}`. Peak "
         "memory is above the baseline before the call, in a fresh process per point. Median of 3 runs for "
         f"T <= 4096, else 1 run. Measured matmul peak: **{peak:.0f} GFLOP/s** ({args.dtype}).",

@@ -22,10 +22,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import git_commit, machine  # noqa: E402  (sibling script)
-
-from regulargpt.io import atomic_write_text, read_jsonl  # noqa: E402
+from regulargpt.files import atomic_write_text, read_jsonl  # noqa: E402
 from regulargpt.model.sliding_dilated import adaptive_depth, choose_algorithm, sliding_dilated_attention  # noqa: E402
+from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -98,7 +97,7 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         f"Command: `python {' '.join(sys.argv)}` ({measured})  ",
         f"Git commit: {git_commit()}  ",
         f"Machine: {machine()}, torch threads {args.threads}  ",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+        f"Date: {utc_date()}  ",
         f"Shapes: B={args.batch}, H={args.heads}, Dh={args.head_dim}, with pads; median of {args.reps} runs. "
         "N = ceil(T/D) is the folded length. `auto` is what `choose_algorithm` picks; 'auto loss' is its time over "
         "the faster of the two.",

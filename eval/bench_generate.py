@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
 
 from regulargpt.config import Config  # noqa: E402
-from regulargpt.evaluation.lm_report import provenance  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
 
 WIDTHS = {"tiny": ("configs/tiny/regular_gpt.json", "configs/tiny/alibi.json"),
           "base": ("configs/base.json", "configs/baselines/alibi.json")}

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import git_commit, machine, matmul_peak_gflops  # noqa: E402  (sibling script)
+from bench_attention import matmul_peak_gflops  # noqa: E402  (sibling script)
 
 from regulargpt.config import load_config  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
 _WORKER = textwrap.dedent(
     """
@@ -146,7 +147,7 @@ def main() -> None:
         f"Command: `python {' '.join(sys.argv)}`  ",
         f"Git commit: {git_commit()}  ",
         f"Machine: {machine()}, torch threads {args.threads}, device {args.device}  ",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+        f"Date: {utc_date()}  ",
         f"{args.steps} timed steps after {args.warmup} warm-up steps, random tokens; each model's fastest of "
         f"{args.rounds} rounds over the whole list. MFU against the {args.dtype} matmul peak, **{peak:.0f} GFLOP/s** "
         f"(the higher of {peaks[0]:.0f} measured before and {peaks[1]:.0f} after the runs). "

@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import git_commit, machine  # noqa: E402  (sibling script)
-
 from regulargpt.config import load_config  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
+from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
 
 def step_seconds(model: torch.nn.Module, mode: str, tokens: torch.Tensor, labels: torch.Tensor, reps: int) -> float:
@@ -62,7 +61,7 @@ def main() -> None:
         f"Command: `python {' '.join(sys.argv)}`  ",
         f"Git commit: {git_commit()}  ",
         f"Machine: {machine()}, torch threads {args.threads}  ",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+        f"Date: {utc_date()}  ",
         f"Model: C={cfg.model.chunk_size}, K={cfg.model.thickness}, d={cfg.model.d_model}, heads={cfg.model.n_heads}; "
         f"batch {args.batch}; mean of {args.reps} steps after one warm-up step.",
         "",

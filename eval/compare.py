@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.evaluation.lm_report import latest_rows, load_rows, write_report  # noqa: E402
 from regulargpt.evaluation.perplexity import EvalError  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,8 +99,8 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
     training second at which the held-out score reached the threshold."""
     import shlex
 
-    from regulargpt.evaluation.lm_report import provenance
-    from regulargpt.io import atomic_write_text, read_jsonl
+    from regulargpt.files import atomic_write_text, read_jsonl
+    from regulargpt.provenance import provenance
     from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)

@@ -30,9 +30,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
-from regulargpt.evaluation.lm_report import provenance  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
 from regulargpt.train.formal import formal_task, seed_stream  # noqa: E402
 
 

@@ -41,7 +41,7 @@ from regulargpt.evaluation.lm_report import (
     provenance,
 )
 from regulargpt.evaluation.perplexity import model_label
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 
 MODELS = ("regular_gpt", "alibi", "t5", "kerple_log", "kerple_power", "rope", "nope")  # configs/tiny/<name>.json
 DATASETS = ("python-stdlib", "debian-prose", "debian-code", "debian-latex")

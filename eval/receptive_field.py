@@ -28,7 +28,6 @@ import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import run
-from regulargpt.evaluation.lm_report import provenance
 from regulargpt.evaluation.receptive_field import (
     formal_batch,
     lm_batch,
@@ -36,7 +35,8 @@ from regulargpt.evaluation.receptive_field import (
     receptive_field,
     write_csv,
 )
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
+from regulargpt.provenance import provenance
 
 
 def markdown(summary: dict) -> str:

@@ -24,11 +24,11 @@ import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import run
-from regulargpt.evaluation.lm_report import provenance
 from regulargpt.evaluation.probes import SPAN_TRANSITIONS
 from regulargpt.evaluation.state_clusters import cluster_depth_steps, plot_steps
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.model import RegularGPTClassifier
+from regulargpt.provenance import provenance
 from regulargpt.tasks import make_task
 
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.errors import UserError  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "launch" / "slurm"

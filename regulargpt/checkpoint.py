@@ -21,7 +21,7 @@ from torch import nn
 
 from regulargpt.config import Config, config_to_dict, load_config_dict
 from regulargpt.errors import UserError
-from regulargpt.io import atomic_write_bytes
+from regulargpt.files import atomic_write_bytes
 
 __all__ = ["CheckpointError", "save_model_file", "load_model_file"]
 

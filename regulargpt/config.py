@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from regulargpt.errors import UserError
+from regulargpt.files import atomic_write_text, read_json_object
 
 __all__ = [
     "ConfigError",
@@ -417,18 +418,9 @@ def load_config_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`; ConfigError naming the file (and line and column when it is malformed)."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); expected a JSON config") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a JSON object")
-    return raw
+    """A JSON config object from `path` (:func:`regulargpt.files.read_json_object`); ConfigError naming the file
+    (and line and column when it is malformed)."""
+    return read_json_object(path, ConfigError, kind="config file")
 
 
 def merge_dicts(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -528,7 +520,5 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config atomically (temporary file + rename)."""
-    from regulargpt.io import atomic_write_text
-
     atomic_write_text(Path(path), json.dumps(config_to_dict(cfg), indent=2, sort_keys=True) + "\n")
 

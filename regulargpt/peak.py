@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
+from regulargpt.provenance import cpu_name
 
 __all__ = ["PEAK_ENV", "cache_path", "machine_key", "measure_peak", "cached_peak", "raise_peak"]
 
@@ -40,12 +40,7 @@ def cache_path() -> Path:
 def _processor(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def machine_key(device: str, dtype: str, threads: int) -> str:

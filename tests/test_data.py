@@ -1,5 +1,5 @@
 """Data pipeline: prepare (txt, jsonl, python-stdlib), manifest, tokenizer round trip, splits, atomic writes,
-reading errors, WindowSampler and iter_windows. CPU, offline, no downloads (Debian fetching is monkeypatched)."""
+reading errors and WindowSampler. CPU, offline, no downloads (Debian fetching is monkeypatched)."""
 from __future__ import annotations
 
 import doctest
@@ -22,13 +22,12 @@ from regulargpt.data import (
     Tokenizer,
     TokenSplit,
     WindowSampler,
-    iter_windows,
     load_manifest,
     open_split,
     prepare,
 )
 from regulargpt.data.shards import assign_splits
-from regulargpt.io import atomic_open, sha256_file
+from regulargpt.files import atomic_open, sha256_file
 
 PY_SNIPPET = 'def f(x, y=2):\n\tif x  >  10_000:  # tab, two spaces\n        return "é ∑ 日本"\n\n\n    return y   \n'
 PROSE = "The quick brown fox jumps over the lazy dog.  Two spaces here;\n\n  indented line, ünïcode, 3.14159!\n"
@@ -217,7 +216,7 @@ def test_manifest_errors(tmp_path: Path) -> None:
         load_manifest(tmp_path / "empty")
     d = _arange_folder(tmp_path)
     (d / "manifest.json").write_text("{not json")
-    with pytest.raises(DataError, match="manifest.json is not valid JSON"):
+    with pytest.raises(DataError, match=r"manifest\.json: malformed JSON at line 1, column 2: .*; run `python data_prep"):
         load_manifest(d)
     (d / "manifest.json").write_text(json.dumps({"format_version": 1, "dtype": "uint16", "vocab_size": 10}))
     with pytest.raises(DataError, match="missing key 'tokenizer'"):
@@ -263,31 +262,28 @@ def test_window_sampler_determinism_ranks_and_content(tmp_path: Path) -> None:
     assert int(x.max()) <= 999
 
 
-def test_window_sampler_state_and_errors(tmp_path: Path) -> None:
+def test_window_sampler_settings_resume_check_and_errors(tmp_path: Path) -> None:
     split = open_split(_arange_folder(tmp_path, 10), "train")
     s = WindowSampler(split, seq_len=4, micro_batch_size=2, seed=1, world_size=2)
     s.batch(3)
-    state = s.state_dict()
+    state = s.settings()
     assert state == {"seed": 1, "seq_len": 4, "micro_batch_size": 2, "rank": 0, "world_size": 2, "consumed_steps": 4}
     resumed = WindowSampler(split, seq_len=4, micro_batch_size=2, seed=1, rank=1, world_size=2)
-    resumed.load_state_dict(json.loads(json.dumps(state)))  # survives JSON; any rank may load rank 0's state
+    resumed.check_resume(json.loads(json.dumps(state)))  # survives JSON; any rank may check rank 0's copy
     assert resumed.consumed_steps == 4
     with pytest.raises(DataError, match="resume mismatch: .*seq_len=4, this run has seq_len=5"):
-        WindowSampler(split, seq_len=5, micro_batch_size=2, seed=1, world_size=2).load_state_dict(state)
+        WindowSampler(split, seq_len=5, micro_batch_size=2, seed=1, world_size=2).check_resume(state)
     with pytest.raises(DataError, match="resume mismatch: .*seed=1, this run has seed=2"):
-        WindowSampler(split, seq_len=4, micro_batch_size=2, seed=2, world_size=2).load_state_dict(state)
+        WindowSampler(split, seq_len=4, micro_batch_size=2, seed=2, world_size=2).check_resume(state)
     with pytest.raises(DataError, match="has 10 tokens, fewer than seq_len \\+ 1 = 11"):
         WindowSampler(split, seq_len=10, micro_batch_size=2, seed=1)
     edge = WindowSampler(split, seq_len=9, micro_batch_size=3, seed=0)  # exactly one possible window
     assert edge.batch(0).tolist() == [list(range(10))] * 3
 
 
-def test_iter_windows(tmp_path: Path) -> None:
+def test_open_split_of_a_small_vocabulary_is_uint16_tokens(tmp_path: Path) -> None:
     split = open_split(_arange_folder(tmp_path, 10), "val")
-    assert [w.tolist() for w in iter_windows(split, 4)] == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
-    assert [w.tolist() for w in iter_windows(split, 4, max_tokens=7)] == [[0, 1, 2, 3, 4]]
-    assert [len(w) for w in iter_windows(split, 9)] == [10] and list(iter_windows(split, 10)) == []
-    assert isinstance(split, TokenSplit) and split.tokens.dtype == np.uint16
+    assert isinstance(split, TokenSplit) and split.tokens.dtype == np.uint16 and split.tokens.tolist() == list(range(10))
 
 
 # --------------------------------------------------------------------------------------------- Debian (offline)

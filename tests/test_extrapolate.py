@@ -20,6 +20,7 @@ from regulargpt.config import Config, DataConfig, ModelConfig, TrainConfig
 from regulargpt.evaluation.lm_report import load_rows, write_report
 from regulargpt.evaluation.length_sweep import ResultsFile, sweep
 from regulargpt.evaluation.perplexity import EvalError, plan_tokens, plan_windows, position_buckets
+from regulargpt.files import TornLineWarning
 from regulargpt.model import build_model
 from helpers import free_port, load_script
 
@@ -132,7 +133,8 @@ def test_resume_skips_done_rows_and_repairs_a_torn_line(data: Path, tmp_path: Pa
     assert len(sweep([run], data, "test", [16, 32], out, progress=False)) == 2
     with open(out / "results.jsonl", "ab") as f:
         f.write(b'{"run": "torn by a cra')  # a crash in the middle of an append
-    rows = sweep([run], data, "test", [16, 32, 64], out, progress=False)
+    with pytest.warns(TornLineWarning, match="torn last line.*cut it off"):
+        rows = sweep([run], data, "test", [16, 32, 64], out, progress=False)
     assert [r["length"] for r in rows] == [64]
     assert [r["length"] for r in ResultsFile(out / "results.jsonl").rows] == [16, 32, 64]
     assert sweep([run], data, "test", [16, 32, 64], out, progress=False) == []
@@ -178,6 +180,7 @@ def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
 # ------------------------------------------------------------------------------------- CLI and 2 processes
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> None:
     runs = [_run(tmp_path / "a0", data, seed=0), _run(tmp_path / "a1", data, seed=1),
             _run(tmp_path / "g0", data, architecture="regular_gpt", position="none")]

@@ -43,7 +43,7 @@ from helpers import (
 
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import load_config_dict
-from regulargpt.io import read_jsonl
+from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
 from regulargpt.train import run_dir as rd
@@ -122,20 +122,10 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
     assert rd.prune_checkpoints(legacy, keep=1) == [] and not list(legacy.glob(".deleting-*"))
 
 
-def test_jsonl_torn_last_line_is_dropped_and_repaired_only_on_request(tmp_path: Path) -> None:
-    path = tmp_path / "rows.jsonl"
-    path.write_bytes(b'{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
-    assert read_jsonl(path) == [{"step": 1}, {"step": 2}] and path.read_bytes().endswith(b'"lo')  # readers: no write
-    assert read_jsonl(path, repair=True) == [{"step": 1}, {"step": 2}]
-    assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
-    path.write_bytes(b'{"step": 1}\nnot json\n')
-    with pytest.raises(ValueError, match="line 2 is not JSON"):
-        read_jsonl(path)
-
-
 # --------------------------------------------------------------------------- kill -9 at random moments, 2 ranks
 
 
+@pytest.mark.slow
 def test_kill9_at_random_moments_with_two_ranks_resumes_exactly(zero3_run: Path, data_dir: Path,
                                                                  tmp_path: Path) -> None:
     """Three SIGKILLs of torchrun and its 2 ZeRO-3 ranks at seeded random points, each a random
@@ -174,6 +164,7 @@ def test_kill9_at_random_moments_with_two_ranks_resumes_exactly(zero3_run: Path,
 # ------------------------------------------------------------------------------------------------- NaN / Inf
 
 
+@pytest.mark.slow
 def test_nan_steps_are_skipped_then_the_limit_stops_the_run(data_dir: Path, tmp_path: Path) -> None:
     """One process, ZeRO-0 fp32 (DeepSpeed calls the torch optimizer directly): a NaN loss at step 3 and NaN
     gradients at step 5, at most 1 bad step. Step 3 changes nothing; step 5 stops the run (exit 2, one line) and
@@ -212,6 +203,7 @@ def test_nan_steps_are_skipped_then_the_limit_stops_the_run(data_dir: Path, tmp_
     assert snapshot(run_dir) == before and not (tmp_path / "x.pt").exists()
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_is_skipped_by_every_rank_zero2_bf16(data_dir: Path, tmp_path: Path) -> None:
     """Two processes, ZeRO-2, bf16: NaN gradients at step 2 and a NaN loss at step 3, injected on rank 1 only.
     Both ranks skip both steps (all-reduced verdict, DeepSpeed's global norm): checkpoints 1, 2, 3 hold identical
@@ -229,6 +221,7 @@ def test_nan_on_one_rank_is_skipped_by_every_rank_zero2_bf16(data_dir: Path, tmp
 # ---------------------------------------------------------------------------------------------------- signals
 
 
+@pytest.mark.slow
 def test_sigusr1_saves_a_checkpoint_and_exits_0(data_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(pretrain_cmd(1) + pretrain_args(data_dir, run_dir), cwd=ROOT, env=run_env(),
@@ -244,6 +237,7 @@ def test_sigusr1_saves_a_checkpoint_and_exits_0(data_dir: Path, tmp_path: Path) 
     assert not (run_dir / "model.pt").exists()
 
 
+@pytest.mark.slow
 def test_a_second_signal_after_the_grace_period_exits_at_once(tmp_path: Path) -> None:
     script = tmp_path / "signals.py"
     script.write_text(
@@ -330,6 +324,7 @@ def _formal_sweep_setup(root: Path) -> Path:
     return configs
 
 
+@pytest.mark.slow
 def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Path) -> None:
     from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
 
@@ -370,6 +365,7 @@ def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Pa
 # -------------------------------------------------------------------------------------- eval/extrapolate.py
 
 
+@pytest.mark.slow
 def test_extrapolate_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Path) -> None:
     vocab = 61
     rng = np.random.default_rng(0)
@@ -540,6 +536,7 @@ BAD_INPUT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_INPUT))
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(case: str, bad_inputs: dict[str, Path]) -> None:
     command, expected, keep = BAD_INPUT[case]

@@ -21,7 +21,7 @@ def _inputs(t, c, pad, dtype, device="cpu", b=2, h=3, dh=8, grad=False):
     return q, k, v, r, pads
 
 
-@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+@pytest.mark.parametrize("pad", [pytest.param(True, id="pad", marks=pytest.mark.slow), pytest.param(False, id="mask")])
 def test_flex_formulation_matches_reference_eager(pad):
     """FlexAttention's eager implementation applies mask_mod/score_mod to every pair: checks the layout and rule."""
     for c, dilation, t in itertools.product([2, 3, 5], [1, 2, 3, 9], [1, 7, 30]):
@@ -56,6 +56,7 @@ def test_block_mask_hand_computed_band():
     assert mask.kv_indices[0, 0, :, :2].tolist() == [[i, i + 1] for i in range(8)]
 
 
+@pytest.mark.slow
 def test_compiled_flex_on_cpu_matches_reference_for_two_geometries():
     """The block-sparse compiled kernel (forward; CPU has no flex backward) through the public API, twice in one
     process: a stale kernel specialised for the first geometry would fail the second."""

@@ -61,9 +61,13 @@ CLASSIFIERS = [
     ("rnn", dict(d_model=64, n_layers=1)),
     ("lstm", dict(d_model=32, n_layers=2)),
 ]
+SLOW_TO_OVERFIT = {"regular_gpt-", "transformer-xl_relative"}  # about 6 s each: left to the full suite
 
 
-@pytest.mark.parametrize("arch,extra", CLASSIFIERS, ids=[f"{a}-{e.get('position', '')}" for a, e in CLASSIFIERS])
+@pytest.mark.parametrize("arch,extra", [
+    pytest.param(a, e, id=f"{a}-{e.get('position', '')}",
+                 marks=[pytest.mark.slow] if f"{a}-{e.get('position', '')}" in SLOW_TO_OVERFIT else [])
+    for a, e in CLASSIFIERS])
 def test_two_layer_classifier_overfits_one_batch(arch, extra):
     model = build_model(_cfg(arch, head="classifier", num_classes=3, **extra))
     x = torch.randint(0, 17, (16, 13))
@@ -104,10 +108,10 @@ def test_xl_relative_attention_matches_brute_force():
 # ---------------------------------------------------------------------------- tree mode vs sliding mode
 
 
-def _reference_tree(stack, x: torch.Tensor) -> torch.Tensor:
+def _reference_tree(stack, x: torch.Tensor, steps: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The authors' tree formulation written out independently: left-pad with the learned pad to a multiple of C,
     run the K sub-layers with the dense reference kernel (dilation 1, keys before index 0 read the pad state),
-    keep the last of each chunk."""
+    keep the last of each chunk. `steps` collects the kept states (B, n, d) of every step."""
     c = stack.chunk_size
     t = x.shape[1]
     while True:
@@ -127,6 +131,8 @@ def _reference_tree(stack, x: torch.Tensor) -> torch.Tensor:
             pad = None if pad is None else sub.layer(pad.view(1, 1, -1), lambda q, k, v: v).view(-1)
             x = x_new
         x = x[:, (x.shape[1] - 1) % c:: c]
+        if steps is not None:
+            steps.append(x)
         t = x.shape[1]
         if t == 1:
             return x[:, 0]
@@ -146,6 +152,23 @@ def test_tree_mode_equals_sliding_mode_at_last_position(c, k, pad):
         assert torch.allclose(sliding, tree, atol=1e-5), (c, k, pad, t)
         if pad == "learned" or k == 1:
             assert torch.allclose(tree, _reference_tree(model.stack, emb), atol=1e-10), (c, k, pad, t)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_tree_steps_yield_the_kept_states_of_every_step(k):
+    """stack.tree_steps (the one tree-mode loop; probes use it too) against the written-out reference, step by
+    step, on its K = 1 kept-positions-only path and on its every-position path."""
+    model = build_model(_cfg("regular_gpt", head="classifier", num_classes=2, chunk_size=3, thickness=k)).double()
+    for t in (1, 3, 5, 9, 10, 28):
+        emb = model.embed(torch.randint(0, 17, (2, t)))
+        expected: list[torch.Tensor] = []
+        _reference_tree(model.stack, emb, expected)
+        fast = list(model.stack.tree_steps(emb))
+        full = list(model.stack.tree_steps(emb, every_position=True))
+        assert len(fast) == len(full) == len(expected) == next(n for n in range(1, 9) if 3**n >= t), t
+        for a, b, e in zip(fast, full, expected):
+            assert a.shape == b.shape == e.shape and torch.allclose(a, e, atol=1e-10) and torch.allclose(b, e,
+                                                                                                         atol=1e-10)
 
 
 def test_adaptive_depth_follows_the_input_length():

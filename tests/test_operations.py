@@ -136,6 +136,7 @@ COSINE = ["train.steps=8", "train.schedule=cosine", "train.warmup_fraction=0.25"
           "train.save_every=4", "train.eval_every=4", "train.keep_last=3"]
 
 
+@pytest.mark.slow
 def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(data_dir: Path, tmp_path: Path) -> None:
     """8 steps (warmup 2, cosine to 0.1·lr at the last step), then --extend-to 16: the LR goes from the minimum back
     to the peak over round(0.25 · 8) = 2 steps and down to the minimum again at step 16; data and metrics continue."""
@@ -213,6 +214,7 @@ def test_only_a_launcher_is_watched_and_a_rank_orphaned_during_start_up_is_told(
     assert orphaned(os.getppid() + 1) and not orphaned(os.getppid()) and not orphaned(None)
 
 
+@pytest.mark.slow
 def test_zero3_stopped_under_each_launcher_and_by_ctrl_c_resumes_exactly(zero3_run: Path, data_dir: Path,
                                                                         tmp_path: Path) -> None:
     """Two ranks, ZeRO-3, stopped three times: SIGTERM to torchrun (it forwards it); SIGTERM to the `deepspeed`

@@ -41,6 +41,7 @@ def _assert_loss_falls(run_dir: Path) -> None:
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage,precision,launcher", [(1, "fp32", "deepspeed"), (2, "bf16", "torchrun")])
 def test_two_process_zero_loss_falls(data_dir, tmp_path, stage, precision, launcher):
     run_dir = tmp_path / "run"
@@ -54,6 +55,7 @@ def test_two_process_zero_loss_falls(data_dir, tmp_path, stage, precision, launc
     assert (run_dir / "model.pt").is_file()
 
 
+@pytest.mark.slow
 def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, tmp_path):
     from regulargpt.checkpoint import load_model_file
     from regulargpt.config import load_config
@@ -86,6 +88,7 @@ def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, t
 # ---------------------------------------------------------------------------------------------- one process
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_path):
     ref = tmp_path / "ref"
     pretrain(data_dir, ref)
@@ -106,6 +109,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_p
     assert bad.returncode == 2 and "train.lr: run has 0.003, now 0.01" in bad.stderr
 
 
+@pytest.mark.slow
 def test_wandb_offline_without_key_or_network(data_dir, tmp_path):
     run_dir = tmp_path / "run"
     env = run_env(HOME=str(tmp_path), WANDB_SILENT="true")

@@ -32,7 +32,7 @@ def _same_weights(src: RegularGPT, policy: str) -> RegularGPT:
     return dst
 
 
-@pytest.mark.parametrize("c", [2, 3, 4])
+@pytest.mark.parametrize("c", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_train_policy_equals_adaptive_where_the_depths_agree(c: int) -> None:
     train_length = c**2 + 1  # adaptive depth 3
     adaptive = _model(c, train_length=train_length)

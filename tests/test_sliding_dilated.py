@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -32,9 +31,12 @@ def _inputs(b, h, t, dh, c, pad, dtype=torch.float64):
     return q, k, v, r, pads
 
 
-@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
-@pytest.mark.parametrize("algorithm", ["shift", "blocked"])
-def test_kernel_matches_dense_reference_forward_and_gradients(pad, algorithm):
+@pytest.mark.parametrize(("algorithm", "pad"), [
+    pytest.param("shift", True, id="shift-pad"), pytest.param("shift", False, id="shift-mask"),
+    pytest.param("blocked", True, id="blocked-pad"),
+    pytest.param("blocked", False, id="blocked-mask", marks=pytest.mark.slow),
+])
+def test_kernel_matches_dense_reference_forward_and_gradients(algorithm, pad):
     for c, dilation, t in _cases():
         q, k, v, r, (pk, pv) = _inputs(2, 2, t, 4, c, pad)
         leaves = [x for x in (q, k, v, r, pk, pv) if x is not None]
@@ -95,8 +97,7 @@ def test_adaptive_depth_exact_at_powers():
                     continue
                 want = max(1, next(l for l in itertools.count(0) if c**l >= t))
                 assert adaptive_depth(t, c) == want, (t, c)
-    assert adaptive_depth(125, 5) == 3  # float log gives 4
-    assert int(math.ceil(math.log(125, 5))) == 4  # the pitfall this guards against
+    assert adaptive_depth(125, 5) == 3  # float log gives ceil(3.0000000000000004) = 4
     with pytest.raises(ValueError):
         adaptive_depth(0, 2)
 
@@ -123,6 +124,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_memory_is_linear_in_length_at_65536():
     """Forward+backward at T=65536, C=2 in a subprocess. One (B,H,T,Dh) fp32 tensor is 8 MiB; the kernel keeps
     folded copies of q/k/v, padded k/v, one product temporary, the output, and in the backward the gradients of
@@ -150,29 +152,46 @@ def test_autocast_runs_the_kernel_in_bf16_and_stays_close_to_fp32(algorithm):
     assert q.grad.dtype == torch.float32 and r.grad is not None and pk.grad is not None
 
 
-def test_cpu_rule_picks_the_documented_algorithm():
-    """The table in choose_algorithm's docstring, point by point."""
-    cpu, f32, b16 = torch.device("cpu"), torch.float32, torch.bfloat16
-    cases = [  # (C, dilation, T, dtype) -> algorithm
-        ((2, 1, 16384, f32), "shift"), ((4, 1, 16384, f32), "shift"), ((8, 1, 4096, f32), "shift"),
-        ((8, 1, 8192, f32), "blocked"), ((16, 1, 512, f32), "blocked"),
-        ((3, 1, 16384, b16), "shift"), ((4, 1, 4096, b16), "shift"), ((4, 1, 16384, b16), "blocked"),
-        ((8, 1, 512, b16), "blocked"), ((32, 4096, 16384, b16), "shift"),  # N = 4: shift whatever C
-        ((32, 1024, 16384, f32), "blocked"),  # N = 16
-    ]
-    for (c, d, t, dtype), want in cases:
-        assert choose_algorithm(c, d, t, dtype, cpu) == want, (c, d, t, dtype)
+def test_cpu_rule_shape():
+    """What the measured rule must do, whatever its thresholds: only the two exact CPU algorithms; shift for tiny
+    folded lengths (N <= 4) and the smallest chunk; blocked for the largest; as C grows it switches from shift to
+    blocked at most once; bf16 (cheap matmuls) switches no later than fp32; a longer sequence no later either."""
+    cpu, dtypes, chunks = torch.device("cpu"), (torch.float32, torch.bfloat16), range(2, 65)
+    for t in (64, 512, 4096, 4097, 16384, 65536):
+        for dilation in (1, 2, 16, 1024):
+            switch = {}
+            for dtype in dtypes:
+                picks = [choose_algorithm(c, dilation, t, dtype, cpu) for c in chunks]
+                assert set(picks) <= {"shift", "blocked"}
+                if -(-t // dilation) <= 4:
+                    assert set(picks) == {"shift"}, (t, dilation, dtype)
+                    continue
+                assert picks[0] == "shift" and picks[-1] == "blocked", (t, dilation, dtype)
+                first = picks.index("blocked")
+                assert set(picks[first:]) == {"blocked"}, (t, dilation, dtype)  # one switch
+                switch[dtype] = chunks[first]
+            if switch:
+                assert switch[torch.bfloat16] <= switch[torch.float32], (t, dilation, switch)
+    for dtype in dtypes:
+        first_blocked = [next(c for c in chunks if choose_algorithm(c, 1, t, dtype, cpu) == "blocked")
+                         for t in (512, 4096, 16384, 65536)]
+        assert first_blocked == sorted(first_blocked, reverse=True), (dtype, first_blocked)
 
 
 def test_cpu_rule_is_close_to_the_best_on_the_committed_measurements():
-    """Against results/bench_dispatch.jsonl (212 measured points): the rule's total time stays within 10 % of always
-    picking the faster algorithm, in each dtype."""
+    """Against results/bench_dispatch.jsonl (212 measured points): the rule's total time is at most the 1.035× of
+    always picking the faster algorithm that choose_algorithm's docstring and docs/PERFORMANCE.md state (fp32
+    1.043×, bf16 1.012×)."""
     rows = [json.loads(line) for line in
             (Path(__file__).resolve().parents[1] / "results" / "bench_dispatch.jsonl").read_text().splitlines()]
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    totals = {}
     for name, dtype in dtypes.items():
         mine = [r for r in rows if r["dtype"] == name]
         assert len(mine) > 50
         chosen = sum(r[choose_algorithm(r["C"], r["D"], r["T"], dtype, torch.device("cpu"))] for r in mine)
-        best = sum(min(r["shift"], r["blocked"]) for r in mine)
-        assert chosen <= 1.10 * best, (name, chosen / best)
+        totals[name] = (chosen, sum(min(r["shift"], r["blocked"]) for r in mine))
+    ratios = {name: round(chosen / best, 3) for name, (chosen, best) in totals.items()}
+    assert ratios["fp32"] <= 1.043 and ratios["bf16"] <= 1.012, ratios
+    overall = sum(c for c, _ in totals.values()) / sum(b for _, b in totals.values())
+    assert round(overall, 3) <= 1.035, overall

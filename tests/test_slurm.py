@@ -123,6 +123,7 @@ def _wait(env, job_id, states, timeout=180) -> dict[str, str]:
     raise AssertionError(f"job {job_id} not in {states} after {timeout} s: {info}")
 
 
+@pytest.mark.slow
 def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tmp_path):
     from regulargpt.data import prepare
 

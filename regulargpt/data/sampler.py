@@ -1,4 +1,4 @@
-"""Reading token splits for training (random windows, resumable from the step alone) and evaluation (chunks).
+"""Reading token splits for training: random windows, resumable from the step alone.
 
 Example:
 
@@ -9,7 +9,6 @@ Example:
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +25,8 @@ class WindowSampler:
 
     The start offsets of `batch(step, micro_step)` are `np.random.default_rng([seed, step, micro_step, rank])
     .integers(0, len(split) - seq_len, micro_batch_size)`: the data order is reproducible, independent per rank,
-    and a resumed run continues exactly without any state beyond the step (`state_dict` only checks settings).
+    and a resumed run continues exactly without any state beyond the step (:meth:`check_resume` only compares
+    settings).
     Windows may cross document boundaries (each document ends with the eos id); draws are with replacement.
     With `vocab_size`, every batch is checked: a token id >= vocab_size is a DataError naming the file and position
     (scanning a whole split up front would cost minutes on a large corpus; a batch costs nothing).
@@ -75,41 +75,26 @@ class WindowSampler:
         self.consumed_steps = max(self.consumed_steps, step + 1)
         return torch.from_numpy(rows.astype(np.int64))
 
-    def state_dict(self) -> dict[str, int]:
-        """Settings that define the data order, plus `consumed_steps` (1 + the highest step served) for information."""
+    def settings(self) -> dict[str, int]:
+        """What a checkpoint records about the sampler. It has no state to save (a batch is a pure function of the
+        settings and the step): the settings that define the data order, and `consumed_steps` (1 + the highest step
+        served) for information, e.g. ``{"seed": 1, "seq_len": 4, "micro_batch_size": 2, "rank": 0,
+        "world_size": 2, "consumed_steps": 4}``."""
         return {"seed": self.seed, "seq_len": self.seq_len, "micro_batch_size": self.micro_batch_size,
                 "rank": self.rank, "world_size": self.world_size, "consumed_steps": self.consumed_steps}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Check that a resumed run uses the same settings (DataError naming the key otherwise).
+    def check_resume(self, saved: dict[str, int]) -> None:
+        """DataError naming the key unless a checkpoint's :meth:`settings` define the same data order as this
+        sampler's; then continue its `consumed_steps` count.
 
-        `rank` is not compared: the state holds nothing per rank, so every rank may load rank 0's copy.
+        `rank` is not compared: the settings hold nothing per rank, so every rank may check rank 0's copy.
         """
-        mine = self.state_dict()
+        mine = self.settings()
         for key in ("seed", "seq_len", "micro_batch_size", "world_size"):
-            if key not in state:
+            if key not in saved:
                 raise DataError(f"sampler state has no {key!r} (expected keys {sorted(mine)})")
-            if state[key] != mine[key]:
-                raise DataError(f"resume mismatch: the checkpoint's sampler has {key}={state[key]!r}, this run has "
+            if saved[key] != mine[key]:
+                raise DataError(f"resume mismatch: the checkpoint's sampler has {key}={saved[key]!r}, this run has "
                                 f"{key}={mine[key]!r}; resume with the same {key} (or start a new run directory)")
-        self.consumed_steps = int(state.get("consumed_steps", 0))
+        self.consumed_steps = int(saved.get("consumed_steps", 0))
 
-
-def iter_windows(split: TokenSplit, length: int, max_tokens: int | None = None) -> Iterator[np.ndarray]:
-    """Consecutive non-overlapping evaluation windows of `length + 1` tokens (int64 arrays).
-
-    Window i covers tokens [i*length, (i+1)*length], both ends included: `w[:-1]` are the inputs and `w[1:]` the
-    targets, so each token after position 0 is predicted exactly once. There are `(len(split) - 1) // length`
-    windows (a shorter tail is dropped), or `max_tokens // length` if that is smaller.
-
-    Example (a split holding the tokens 0, 1, ..., 9):
-
-        [w.tolist() for w in iter_windows(split, length=4)]  # [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]]
-    """
-    if length < 1:
-        raise DataError(f"iter_windows: length {length} must be >= 1")
-    count = (len(split) - 1) // length
-    if max_tokens is not None:
-        count = min(count, max_tokens // length)
-    for i in range(count):
-        yield np.asarray(split.tokens[i * length:(i + 1) * length + 1], dtype=np.int64)

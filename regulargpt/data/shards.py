@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from regulargpt.data.sources import DataError, Source, load_documents, resolve_source
 from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
-from regulargpt.io import atomic_open, sha256_file
+from regulargpt.files import atomic_open, read_json_object, sha256_file
 
 if TYPE_CHECKING:
     import datasets
@@ -310,13 +310,8 @@ def load_manifest(data_dir: str | Path, vocab_size: int | None = None) -> dict:
     if not path.is_file():
         raise DataError(f"data folder {data_dir} has no {MANIFEST} (not prepared, or a prepare was interrupted); "
                         f"{hint}")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is not valid JSON ({e}); {hint}") from e
+    manifest = read_json_object(path, DataError, hint)
     where = str(path)
-    if not isinstance(manifest, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
     version = _require(manifest, "format_version", int, where, f"an integer, this code reads {FORMAT_VERSION}")
     if version != FORMAT_VERSION:
         raise DataError(f"{where}: format_version {version} is not supported (expected {FORMAT_VERSION}); {hint}")

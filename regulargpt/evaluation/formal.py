@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from regulargpt.config import ModelConfig
 from regulargpt.errors import UserError
-from regulargpt.io import read_jsonl
+from regulargpt.files import read_jsonl
 from regulargpt.tasks import Task
 
 __all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "held_out_score", "missing_lengths", "parse_lengths",

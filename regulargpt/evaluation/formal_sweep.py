@@ -44,6 +44,7 @@ from regulargpt.config import (
     config_to_dict,
     load_config,
     load_config_dict,
+    merge_dicts,
     read_json,
 )
 from regulargpt.evaluation.formal import (
@@ -54,7 +55,7 @@ from regulargpt.evaluation.formal import (
     range_score,
     read_rows,
 )
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text
 from regulargpt.tasks import Task, make_task
 from regulargpt.train.formal import MODEL_FILE, formal_task, train_formal
 
@@ -163,11 +164,13 @@ def recipe_id(cfg: Config) -> str:
     return hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _overlay(raw: dict[str, Any], delta: dict[str, Any], where: str) -> None:
+def _overlay(raw: dict[str, Any], delta: dict[str, Any], where: str) -> dict[str, Any]:
+    """`raw` with a preset's or profile's `delta` merged over it (:func:`regulargpt.config.merge_dicts`, the merge
+    ``"extends"`` uses); every top-level key of `delta` must be a config section object."""
     for section, values in delta.items():
         if section not in _CONFIG_SECTIONS or not isinstance(values, dict):
             raise ConfigError(f"{where}: {section!r} is not a config section object ({', '.join(_CONFIG_SECTIONS)})")
-        raw[section].update(values)
+    return merge_dicts(copy.deepcopy(raw), delta)  # a copy: callers keep `raw` for other grid points
 
 
 def _matching(table: dict[str, Any], key: str) -> list[Any]:
@@ -198,21 +201,19 @@ def plan_runs(
             preset = configs_dir / "models" / f"{model}.json"
             if not preset.is_file():
                 raise ConfigError(f"{preset}: unknown model preset {model!r}; available: {_names(preset.parent)}")
-            raw = copy.deepcopy(task_raw)
-            _overlay(raw, read_json(preset), str(preset))
+            raw = _overlay(task_raw, read_json(preset), str(preset))
             key = f"{task_id}/{model}"
             for pattern, delta in profile.overrides.items():
                 if fnmatch.fnmatchcase(key, pattern):
-                    _overlay(raw, delta, f"profile {profile.name} overrides[{pattern!r}]")
+                    raw = _overlay(raw, delta, f"profile {profile.name} overrides[{pattern!r}]")
             raw = apply_overrides(raw, sets or [])
             bases.append((task_id, model, raw, lrs or (_matching(profile.lrs, key) or [[raw["train"]["lr"]]])[-1]))
     specs = []
     for seed in seeds if seeds is not None else profile.seeds:
         for task_id, model, raw, grid in bases:
             for lr in grid:
-                point = copy.deepcopy(raw)
-                _overlay(point, {"train": {"seed": seed, "lr": float(lr)}, "logging": {"progress": False}},
-                         f"{task_id}/{model}")
+                point = _overlay(raw, {"train": {"seed": seed, "lr": float(lr)}, "logging": {"progress": False}},
+                                 f"{task_id}/{model}")
                 cfg = load_config_dict(point, source=f"{task_id}/{model} (profile {profile.name})")
                 formal_task(cfg)  # vocab/classes must match the task: fail before anything runs
                 lengths = parse_lengths(profile.eval_lengths, cfg.eval.max_length)

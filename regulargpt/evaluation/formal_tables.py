@@ -12,11 +12,7 @@ evaluation files are complete count; the others are listed as pending.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import platform
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +24,11 @@ import torch
 from regulargpt.config import Config, load_config_dict
 from regulargpt.evaluation.formal import range_score, read_rows
 from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE, Profile, RunSpec, recipe_id
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_write_text, read_json_object
+from regulargpt.provenance import provenance
 from regulargpt.train.formal import CONFIG_FILE, MODEL_FILE
 
-__all__ = ["FinishedRun", "collect_runs", "provenance", "table1", "table2", "write_tables"]
+__all__ = ["FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
 
 
 @dataclass
@@ -61,14 +58,14 @@ def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun],
     finished, pending = [], []
     for sweep_file in sorted(Path(runs_dir).glob(f"*/*/*/{SWEEP_FILE}")):
         run_dir = sweep_file.parent
-        info = json.loads(sweep_file.read_text())
+        info = read_json_object(sweep_file)
         if info["profile"] != profile:
             continue
         name = str(run_dir.relative_to(runs_dir))
         if not (run_dir / MODEL_FILE).is_file():
             pending.append(name)
             continue
-        cfg = load_config_dict(json.loads((run_dir / CONFIG_FILE).read_text()), source=str(run_dir / CONFIG_FILE))
+        cfg = load_config_dict(read_json_object(run_dir / CONFIG_FILE), source=str(run_dir / CONFIG_FILE))
         trained_p = cfg.data.task_options.get("p_one", 0.5)  # evaluated once, in range.jsonl (as the sweep does)
         files: dict[float | None, Path] = {None: run_dir / RANGE_FILE}
         files.update({p: run_dir / (RANGE_FILE if p == trained_p else f"range_p{p:g}.jsonl")
@@ -127,29 +124,6 @@ def table2(runs: list[FinishedRun], task: str, p_values: list[float], models: li
                 if scores:
                     out[key].setdefault(model, {})[f"{p:g}"] = _cell(scores)
     return out
-
-
-def provenance(command: list[str]) -> dict[str, str]:
-    """Command, git commit (+ whether the tree had uncommitted changes), machine and UTC date of a report."""
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-    commit = git("rev-parse", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").is_file():
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    return {
-        "command": " ".join(command), "commit": commit,
-        "machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-                   f"torch {torch.__version__}",
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def _protocol(runs: list[FinishedRun]) -> dict[str, Any]:
@@ -229,7 +203,7 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     stale = [r for r in runs if specs is not None and r.recipe not in planned.get((r.task_id, r.model), set())]
     runs = [r for r in runs if all(r is not x for x in stale)]
     pending += [f"{r.task_id}/{r.model}/seed{r.seed}_lr{r.lr:g} (stale: trained with another recipe)" for r in stale]
-    prov = provenance(command or sys.argv)
+    prov = provenance(" ".join(command or sys.argv))
     out_dir = Path(out_dir)
     t1, proto, settings = table1(runs, tasks, models, expected), _protocol(runs), _settings(runs)
     task_order = _ordered([s["task"] for s in settings], tasks)

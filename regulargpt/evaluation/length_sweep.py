@@ -26,6 +26,7 @@ from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.evaluation.lm_report import row_key
+from regulargpt.files import read_json_object, read_jsonl
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -102,6 +103,11 @@ class RunInfo:
         return self.cfg.train.seed
 
     @property
+    def params(self) -> int:
+        """The model's parameter count (rows report it; the memory estimate counts its fp32 weights)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
     def variant(self) -> dict[str, Any]:
         return run_variant(self.cfg, self.meta)
 
@@ -155,12 +161,12 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
         return meta_sha, f"{info.path} meta"
     state = info.path.parent / str(info.meta.get("checkpoint", "")) / "trainer_state.json"
     if info.meta.get("checkpoint") and state.is_file():
-        sha = _find_key(json.loads(state.read_text()), "tokenizer_sha256")
+        sha = _find_key(read_json_object(state), "tokenizer_sha256")
         if sha:
             return sha, str(state)
     saved = info.path.parent / "data_manifest.json"
     if saved.is_file():
-        sha = _find_key(json.loads(saved.read_text()).get("tokenizer", {}), "sha256")
+        sha = _find_key(read_json_object(saved).get("tokenizer", {}), "sha256")
         if sha:
             return sha, str(saved)
     if info.cfg.data.path and (Path(info.cfg.data.path) / "manifest.json").is_file():
@@ -205,27 +211,13 @@ def check_compatible(info: RunInfo, split: TokenSplit) -> None:
 
 
 class ResultsFile:
-    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; a partial last line left by
-    a crash is cut off when the file is opened, so the next append starts on a clean line."""
+    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; opening the file reads it with
+    :func:`regulargpt.files.read_jsonl` (a partial last line left by a crash is dropped and, with ``repair``, cut off
+    so the next append starts on a clean line; any other bad line is an error)."""
 
     def __init__(self, path: str | Path, repair: bool = True) -> None:
         self.path = Path(path)
-        self.rows: list[dict[str, Any]] = []
-        if not self.path.is_file():
-            return
-        data = self.path.read_bytes()
-        keep = data.rfind(b"\n") + 1  # bytes up to the last complete line
-        for line in data[:keep].splitlines():
-            if line.strip():
-                try:
-                    self.rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line torn by a crash in the middle of the file cannot happen; ignore if it does
-        if keep != len(data) and repair:
-            with open(self.path, "r+b") as f:
-                f.truncate(keep)
-                f.flush()
-                os.fsync(f.fileno())
+        self.rows: list[dict[str, Any]] = read_jsonl(self.path, repair=repair)
 
     def latest(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The last row written for every key."""
@@ -271,7 +263,7 @@ def _row_base(info: RunInfo, dataset: str, split: str, length: int, protocol: Pr
     return {"run": info.run, "depth_policy": info.depth_override, "model": info.label, "seed": info.seed,
             "variant": variant_id(variant), "variant_config": variant, "dataset": dataset, "split": split,
             "length": length, "protocol": protocol, "stride": stride, "tokens": tokens,
-            "train_length": info.cfg.data.seq_len, "params": sum(p.numel() for p in info.model.parameters())}
+            "train_length": info.cfg.data.seq_len, "params": info.params}
 
 
 def distributed_context() -> tuple[int, int]:
@@ -404,9 +396,9 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
                            f"learned absolute positions end at max_positions={cfg.max_positions}", "positions", **common)
     plan = plan_windows(n, length, protocol, stride)
     per_rank = -(-len(plan.starts) // world)
-    fits = choose_batch_size(cfg, length, memory_gb, per_rank)
+    fits = choose_batch_size(cfg, length, memory_gb, per_rank, info.params)
     if fits == 0:
-        need = estimate_memory(cfg, length, 1) / 2**30
+        need = estimate_memory(cfg, length, 1, info.params) / 2**30
         return skipped_row(info, dataset, split, length, protocol, stride, n,
                            f"needs ~{need:.1f} GiB for one window (budget {memory_gb:g} GiB)", "memory", **common)
     batch = min(batch_size, fits) if batch_size else fits

@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
-import subprocess
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from regulargpt.io import atomic_write_bytes, atomic_write_text
+from regulargpt.files import atomic_savefig, atomic_write_text, read_jsonl
+from regulargpt.provenance import provenance
 
 __all__ = [
     "ROW_KEY",
@@ -44,7 +41,7 @@ __all__ = [
     "markdown_table",
     "plot_loss_vs_position",
     "plot_ppl_vs_length",
-    "provenance",
+    "provenance",  # re-exported from regulargpt.provenance for the scripts that import it from here
     "write_report",
 ]
 
@@ -63,14 +60,11 @@ def row_key(row: Row) -> tuple[Any, ...]:
 
 
 def load_rows(path: str | Path) -> list[Row]:
-    """Complete JSON lines of a results file (a torn last line is ignored)."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """The rows of a results file, read with :func:`regulargpt.files.read_jsonl` (a torn last line is dropped with a
+    warning; any other bad line is an error naming file and line). FileNotFoundError if there is no file."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no results file")
+    return read_jsonl(path)
 
 
 def latest_rows(rows: Sequence[Row]) -> list[Row]:
@@ -112,34 +106,6 @@ def variant_labels(rows: Sequence[Row]) -> dict[str, str]:
             extra = " ".join(_short(k, cfg[k]) for k in differing if k in cfg)
             labels[vid] = f"{name} {extra}".strip()
     return labels
-
-
-def _git(*args: str) -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def provenance(command: str) -> dict[str, str]:
-    """Command, git commit (``+dirty`` when the tree has uncommitted changes), machine and UTC date."""
-    import torch
-
-    commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    machine = (f"{platform.node()} ({cpu}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}, "
-               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
-    return {"command": command, "commit": commit, "machine": machine,
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def aggregate(rows: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -247,11 +213,7 @@ def _pyplot():
 
 
 def _save(fig: Any, path: Path) -> None:
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_savefig(fig, path, dpi=130, bbox_inches="tight")
 
 
 def _plain_ticks(ax: Any, lengths: list[int]) -> None:

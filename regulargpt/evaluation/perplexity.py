@@ -31,6 +31,7 @@ from torch import nn
 
 from regulargpt.config import ModelConfig
 from regulargpt.errors import UserError
+from regulargpt.model.position import ATTENTION_BIASES
 
 __all__ = [
     "EvalError",
@@ -151,42 +152,35 @@ def model_label(cfg: ModelConfig) -> str:
     return cfg.architecture.upper()
 
 
-def estimate_memory(cfg: ModelConfig, length: int, batch: int) -> int:
-    """Bytes one no-grad forward + loss of `batch` windows of `length` needs (an upper-side estimate).
+def estimate_memory(cfg: ModelConfig, length: int, batch: int, params: int) -> int:
+    """Bytes one no-grad forward + loss of `batch` windows of `length` needs (an upper-side estimate), for a model
+    with `params` parameters (``model.num_parameters()``).
 
     Per token (fp32): residual, normed input, q/k/v, attention output and FFN hidden (twice, around the activation)
     ≈ (2·ffn_mult + 8)·d values; logits, log-softmax and loss ≈ 3·V. RegularGPT adds its folded band scores
     (~4·H·C). Dense models with an additive bias add their query-chunked score block (``attention_memory_mb``,
     which shrinks its chunk as the batch grows, but holds at least one query row: 3·B·H·L fp32); bias-free dense
-    attention uses the fused kernel (no L×L block). Plus the weights.
+    attention uses the fused kernel (no L×L block). Plus the fp32 weights, 4·params.
     """
     per_token = cfg.d_model * (2 * cfg.ffn_mult + 8) + 3 * cfg.vocab_size
     fixed = 0
     if cfg.architecture == "regular_gpt":
         per_token += 4 * cfg.n_heads * cfg.chunk_size
-    elif cfg.position in ("alibi", "t5", "kerple_log", "kerple_power"):
+    elif cfg.position in ATTENTION_BIASES:  # an additive bias: the query-chunked path, not the fused kernel
         block = 12 * batch * cfg.n_heads * length  # one query row of scores, probabilities and bias
         fixed = max(min(cfg.attention_memory_mb << 20, block * length), block)
-    weights = 4 * _num_parameters(cfg)
-    return 4 * per_token * length * batch + fixed + weights
+    return 4 * per_token * length * batch + fixed + 4 * params
 
 
-def _num_parameters(cfg: ModelConfig) -> int:
-    d, f, v = cfg.d_model, cfg.ffn_mult, cfg.vocab_size
-    layer = 4 * d * d + 2 * f * d * d + (f + 1) * d + 4 * d
-    layers = cfg.thickness if cfg.architecture == "regular_gpt" else cfg.n_layers
-    return layers * layer + (1 if cfg.tie_embeddings else 2) * v * d
-
-
-def choose_batch_size(cfg: ModelConfig, length: int, memory_gb: float, windows: int) -> int:
+def choose_batch_size(cfg: ModelConfig, length: int, memory_gb: float, windows: int, params: int) -> int:
     """Largest batch (≤ windows, ≤ 256) whose :func:`estimate_memory` stays within `memory_gb`; 0 if even 1 does not."""
     budget = memory_gb * _GIB
-    if estimate_memory(cfg, length, 1) > budget:
+    if estimate_memory(cfg, length, 1, params) > budget:
         return 0
     lo, hi = 1, max(1, min(windows, _MAX_BATCH))
     while lo < hi:  # largest b with estimate(b) <= budget
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if estimate_memory(cfg, length, mid) <= budget else (lo, mid - 1)
+        lo, hi = (mid, hi) if estimate_memory(cfg, length, mid, params) <= budget else (lo, mid - 1)
     return lo
 
 

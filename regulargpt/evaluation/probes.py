@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from regulargpt.model import RegularGPTClassifier, adaptive_depth
+from regulargpt.model.regular_gpt import last_of_each_chunk
 
 __all__ = ["SPAN_TRANSITIONS", "Span", "input_gradient_norms", "span_transitions", "tree_spans", "tree_states"]
 
@@ -52,7 +53,7 @@ def tree_spans(length: int, chunk_size: int, thickness: int) -> list[Span]:
     for _ in range(adaptive_depth(length, chunk_size)):
         for _ in range(thickness):
             start = start[np.maximum(np.arange(len(start)) - (chunk_size - 1), 0)]
-        keep = slice((len(start) - 1) % chunk_size, None, chunk_size)
+        keep = last_of_each_chunk(len(start), chunk_size)
         start, end = start[keep], end[keep]
         spans.append(Span(start.copy(), end.copy()))
     return spans
@@ -61,24 +62,16 @@ def tree_spans(length: int, chunk_size: int, thickness: int) -> list[Span]:
 def tree_states(model: RegularGPTClassifier, tokens: Tensor) -> list[Tensor]:
     """tokens (B, T) → the kept hidden states after each depth step: a list of L tensors (B, n_l, d).
 
-    Runs tree mode's definition step by step with the model's own pieces: ``x ← stack.step(x, 1)`` (the K shared
-    sub-layers at the current resolution, pads included), then keep x[:, t−1, t−1−C, …], aligned with
-    ``tree_spans(T, C, K)[l]``. (A hook on the sub-layers cannot see every step: the model's K = 1 fast path
-    computes only the kept positions, inside the layer.) The last state is checked against the model's real
-    forward (logits within 1% of their scale), so a probe that drifted from the model fails loudly instead of
-    plotting something else.
+    The model's own tree steps (``stack.tree_steps(x, every_position=True)``: the K shared sub-layers over every
+    position at the current resolution, pads included, then keep x[:, t−1, t−1−C, …]), aligned with
+    ``tree_spans(T, C, K)[l]``. The last state is checked against the model's real forward (logits within 1% of
+    their scale), so a probe that drifted from the model fails loudly instead of plotting something else.
     """
     if not isinstance(model, RegularGPTClassifier):
         raise TypeError(f"tree_states needs a RegularGPT classifier (tree mode), got {type(model).__name__}")
-    stack, c = model.stack, model.stack.chunk_size
-    states = []
     with torch.no_grad():
-        x = model.embed(tokens)  # (B, T, d)
-        for _ in range(stack.depth(tokens.shape[1])):
-            x = stack.step(x, 1)
-            x = x[:, (x.shape[1] - 1) % c:: c]  # keep t−1, t−1−C, …  (B, ceil(t/C), d)
-            states.append(x)
-        logits, expected = model.head(x[:, 0]), model(tokens)  # (B, classes) twice
+        states = list(model.stack.tree_steps(model.embed(tokens), every_position=True))  # L × (B, n_l, d)
+        logits, expected = model.head(states[-1][:, 0]), model(tokens)  # (B, classes) twice
     scale = float(expected.abs().max().clamp_min(1.0))  # fp32 rounding differs between the two paths: at T=500
     if float((logits - expected).abs().max()) > 1e-2 * scale:  # a trained model shows ~1e-3 (fp64: ~1e-13)
         raise RuntimeError(f"tree_states disagrees with the model's forward (max |Δlogit| = "

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from regulargpt.config import Config
 from regulargpt.evaluation.probes import input_gradient_norms
-from regulargpt.io import atomic_write_text
+from regulargpt.files import atomic_savefig, atomic_write_text
 from regulargpt.tasks import make_task
 
 __all__ = ["ReceptiveField", "formal_batch", "lm_batch", "plot_receptive_field", "receptive_field", "write_csv"]
@@ -121,7 +121,5 @@ def plot_receptive_field(rf: ReceptiveField, path: str | Path, title: str) -> No
     right.set(xlabel="input position", ylabel="normalised gradient norm", yscale="log")
     fig.suptitle(f"{title} (T={t}, {rf.sequences} sequences)")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from regulargpt.evaluation.probes import span_transitions, tree_spans, tree_states
+from regulargpt.files import atomic_savefig
 from regulargpt.model import RegularGPTClassifier
 
 __all__ = ["StepClusters", "choose_k", "cluster_depth_steps", "kmeans", "pca", "plot_steps", "purity", "silhouette"]
@@ -218,7 +219,5 @@ def plot_steps(results: list[tuple[StepClusters, Tensor, Tensor]], path: str | P
     fig.legend(handles, names, title="transition", loc="upper right", markerscale=3, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 0.94, 0.96))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from regulargpt.model.sliding_dilated import fold_dilation, unfold_dilation
+from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
 __all__ = ["band_block_mask", "disable_flex", "flex_available", "flex_sliding_dilated_attention"]
 

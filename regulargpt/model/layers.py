@@ -76,9 +76,6 @@ class TransformerLayer(nn.Module):
         rows = self.norm1(rows + self.attention(x, attend, keep))
         return self.norm2(rows + self.feed_forward(rows))
 
-    def parameters_per_application(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
 
 class TokenEmbedding(nn.Module):
     """Token embedding, optionally × sqrt(d) (the authors' formal-language models), then dropout."""

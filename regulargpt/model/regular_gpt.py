@@ -29,6 +29,7 @@ the pads behind them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +39,8 @@ from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer
 from regulargpt.model.position import alibi_slopes
 from regulargpt.model.sliding_dilated import adaptive_depth, sliding_dilated_attention
 
-__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention", "init_rel_bias"]
+__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention", "init_rel_bias",
+           "last_of_each_chunk"]
 
 
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None,
@@ -85,6 +87,15 @@ def init_rel_bias(rel_bias: Tensor, scheme: str) -> None:
 
 
 PadKV = tuple[Tensor, Tensor]  # the pad state's key and value at one sub-layer, each (1, H, Dh)
+
+
+def last_of_each_chunk(length: int, chunk_size: int) -> slice:
+    """The positions tree mode keeps after a depth step over `length` positions: t−1, t−1−C, … (the last of each
+    chunk once the sequence is left-padded to a multiple of C), as a slice in increasing order.
+
+    Example: length 5, C = 2 → slice(0, None, 2) → positions 0, 2, 4; length 6, C = 4 → slice(1, None, 4) → 1, 5.
+    """
+    return slice((length - 1) % chunk_size, None, chunk_size)
 
 
 class _SlidingDilatedLayer(nn.Module):
@@ -172,16 +183,27 @@ class RegularGPTStack(nn.Module):
             x = new if active is None else torch.where(active, new, x)
         return x
 
-    def tree(self, x: Tensor) -> Tensor:
-        """(B, T, d) → (B, d): the state of the last position, computing only the positions that feed it."""
-        c = self.chunk_size
+    def tree_steps(self, x: Tensor, every_position: bool = False) -> Iterator[Tensor]:
+        """Tree mode one depth step at a time: (B, T, d) → yields the kept states (B, ceil(t/C), d) after each of
+        the ``depth(T)`` steps, the last one (B, 1, d).
+
+        A step runs the K shared sub-layers at dilation 1 and keeps :func:`last_of_each_chunk`. With K = 1 only the
+        kept positions are computed, unless `every_position` (the step runs on every position, then the kept ones
+        are selected: the same states up to fp32 rounding, for probes that must match a reference bit for bit).
+        """
         pads = self.pad_states()
         for _ in range(self.depth(x.shape[1])):
-            keep = slice((x.shape[1] - 1) % c, None, c)  # positions t−1, t−1−C, …  → (B, ceil(t/C), d)
-            if self.thickness == 1:
-                x = self._kept_only(x, keep, pads[0])
+            keep = last_of_each_chunk(x.shape[1], self.chunk_size)
+            if self.thickness == 1 and not every_position:
+                x = self._kept_only(x, keep, pads[0])  # (B, ceil(t/C), d)
             else:
-                x = self.step(x, 1, pads)[:, keep]
+                x = self.step(x, 1, pads)[:, keep]  # (B, t, d) → (B, ceil(t/C), d)
+            yield x
+
+    def tree(self, x: Tensor) -> Tensor:
+        """(B, T, d) → (B, d): the state of the last position, computing only the positions that feed it."""
+        for x in self.tree_steps(x):
+            pass
         assert x.shape[1] == 1, "adaptive depth must reduce the sequence to one position"
         return x[:, 0]
 

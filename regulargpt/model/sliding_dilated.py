@@ -21,7 +21,8 @@ rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. T
   large C, where the matmuls are efficient.
 * ``flex`` (CUDA): FlexAttention over the folded sequence, in `flex_sliding.py`.
 
-`auto` picks per call by (C, T, dtype, device): `choose_algorithm`.
+Folding lives in `dilation.py` (both kernels use it). `auto` picks per call by (C, T, dtype, device):
+`choose_algorithm`, the one place the algorithm is chosen (`flex_sliding` only runs FlexAttention).
 
 None ever allocates a T×T tensor. Gradients reach q, k, v, rel_bias and the pads (shift: a hand-written backward;
 blocked: plain torch ops; flex: FlexAttention's backward, CUDA only).
@@ -35,6 +36,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from regulargpt.model import flex_sliding
+from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
 __all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm"]
 
@@ -61,17 +65,15 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
 
     Measured: bf16 C = 8 blocked 1.6-2.8× faster; fp32 C = 8 at T = 16384 blocked 1.2-1.5× faster; C >= 16 blocked
     up to 9× faster; C <= 3 shift up to 6× faster (fp32 blocked with C = 2 runs tiny matmuls). Over the whole grid
-    the rule's total time is within 5 % of always taking the faster of the two.
+    (212 points) the rule's total time is 1.035× that of always taking the faster of the two (fp32 1.043×, bf16
+    1.012×; docs/PERFORMANCE.md, tests/test_sliding_dilated.py).
 
     FlexAttention has no CPU backward (torch 2.13) and its CPU forward needs a compile per shape, so CPU calls
     always use one of the two exact CPU algorithms. On CUDA, if the automatically chosen flex call fails (a compile
     or launch error, not out-of-memory), `sliding_dilated_attention` warns once and uses this CPU rule from then on.
     """
-    if device.type == "cuda":
-        from regulargpt.model.flex_sliding import flex_available
-
-        if flex_available():
-            return "flex"
+    if device.type == "cuda" and flex_sliding.flex_available():
+        return "flex"
     return _cpu_algorithm(chunk_size, dilation, length, dtype)
 
 
@@ -118,21 +120,6 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: i
         raise ValueError("pad_k and pad_v must both be given or both be None")
     if pad_k is not None and pad_k.shape != (q.shape[0], q.shape[1], q.shape[3]):
         raise ValueError(f"pad_k/pad_v must be (B, H, Dh) = {(q.shape[0], q.shape[1], q.shape[3])}; got {tuple(pad_k.shape)}")
-
-
-def fold_dilation(x: Tensor, dilation: int) -> Tensor:
-    """(B, H, T, Dh) -> (B, H, D, N, Dh): D interleaved subsequences, T padded at the end to N*D."""
-    b, h, t, dh = x.shape
-    n = -(-t // dilation)
-    if n * dilation != t:
-        x = F.pad(x, (0, 0, 0, n * dilation - t))
-    return x.view(b, h, n, dilation, dh).transpose(2, 3)  # (B, H, D, N, Dh)
-
-
-def unfold_dilation(x: Tensor, length: int) -> Tensor:
-    """(B, H, D, N, Dh) -> (B, H, T, Dh), dropping the end padding."""
-    b, h, d, n, dh = x.shape
-    return x.transpose(2, 3).reshape(b, h, n * d, dh)[:, :, :length]
 
 
 def _score_dtype(x: Tensor) -> torch.dtype:
@@ -274,8 +261,6 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
     t, c = q.shape[2], rel_bias.shape[1]
     chosen = choose_algorithm(c, dilation, t, q.dtype, q.device) if algorithm == "auto" else algorithm
     if chosen == "flex":
-        from regulargpt.model import flex_sliding
-
         if algorithm == "flex":  # asked for by name: its errors are the caller's
             return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
         try:

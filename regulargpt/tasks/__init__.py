@@ -1,6 +1,6 @@
 """The regular-language task suite: `make_task(name, **options)` and `TASK_NAMES`.
 
-Token ids and labels follow DESIGN.md section 5; each task's docstring gives its definition, a worked example and
+Token ids and labels are listed in docs/FORMAL.md (the task table); each task's docstring gives its definition, a worked example and
 how it samples. Options: parity_check `p_one`; modular_arithmetic `modulus`, `leading_plus`; dyck `n` (required).
 """
 import difflib

@@ -54,6 +54,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "GuardedAdamW",
     "build_engine",
+    "check_precision",
 ]
 
 
@@ -293,13 +294,19 @@ class GuardedAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, Any, list[list[str]], GuardedAdamW]:
-    """deepspeed.initialize with our optimizer and schedule → (engine, scheduler, param names, the torch optimizer)."""
-    import deepspeed
-
+def check_precision(cfg: Config) -> None:
+    """TrainError unless this machine can train at ``train.precision``: fp16 needs CUDA (fp16 matmuls on a CPU run at
+    ~2.5 GFLOP/s); fp32 and bf16 run everywhere."""
     if cfg.train.precision == "fp16" and not torch.cuda.is_available():
         raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
                          "use --set train.precision=bf16 or fp32")
+
+
+def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, Any, list[list[str]], GuardedAdamW]:
+    """deepspeed.initialize with our optimizer and schedule → (engine, scheduler, param names, the torch optimizer).
+    Call :func:`check_precision` first (``train`` does, before it opens the data)."""
+    import deepspeed
+
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model)
     groups, names = param_groups(model, cfg.train.weight_decay)

@@ -49,7 +49,7 @@ from tqdm import tqdm
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
 from regulargpt.evaluation.formal import held_out_score
-from regulargpt.io import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
+from regulargpt.files import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError

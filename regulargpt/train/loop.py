@@ -53,12 +53,13 @@ from regulargpt.train.engine import (
     TrainError,
     build_engine,
     check_deepspeed_config,
+    check_precision,
     lr_factor,
     prepare_process_env,
     skip_shm_build,
 )
 from regulargpt.train.faults import nan_plan, poison
-from regulargpt.train.logging import MetricsLog
+from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
 __all__ = ["open_data", "train"]
@@ -171,7 +172,7 @@ class _Trainer:
 
     def _state(self) -> dict[str, Any]:
         return {"step": self.step, "tokens": self.tokens, "world_size": self.world, "bad_steps": self.bad_steps,
-                "sampler": self.sampler.state_dict(),
+                "sampler": self.sampler.settings(),
                 "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
                 "precision": self.cfg.train.precision, "param_names": self.param_names}
 
@@ -227,7 +228,7 @@ class _Trainer:
                              f"configured model ({type(err).__name__}: {str(err)[:300]})") from None
         if path is None:
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
-        self.sampler.load_state_dict(state["sampler"])
+        self.sampler.check_resume(state["sampler"])
         rd.load_rng(self.run_dir, step, self.rank)
         # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
         # schedule, so set it from this config's (for an ordinary resume this is the same value).
@@ -417,9 +418,7 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
     env = prepare_process_env()
-    if cfg.train.precision == "fp16" and not torch.cuda.is_available():
-        raise TrainError("train.precision='fp16' needs a CUDA GPU (fp16 matmuls on this CPU run at ~2.5 GFLOP/s); "
-                         "use --set train.precision=bf16 or fp32")
+    check_precision(cfg)
     data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     if orphaned(parent_at_start):
         raise TrainError(f"the launcher that started this process (pid {parent_at_start}) has ended; nothing was "

@@ -4,7 +4,7 @@ Layout::
 
     runs/tiny-regular_gpt-seed0/
       config.resolved.json          the full config this run trains with (compared on resume)
-      metrics.jsonl                 one JSON object per logged step (see regulargpt.train.logging)
+      metrics.jsonl                 one JSON object per logged step (see regulargpt.train.metrics_log)
       global_step100/               DeepSpeed checkpoint of step 100 (files depend on the ZeRO stage) plus
         trainer_state.json            step, tokens, world size, sampler state, data fingerprint, parameter names
         rng_rank<r>.pt                each rank's python / numpy / torch RNG states
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
-from regulargpt.io import atomic_write_text, read_json_object, sha256_file
+from regulargpt.files import atomic_write_text, read_json_object, sha256_file
 from regulargpt.train.engine import TrainError
 
 __all__ = [
@@ -98,8 +98,8 @@ def _flatten(cfg: dict[str, Any]) -> dict[str, Any]:
 def _saved_config(run_dir: Path) -> Config:
     path = run_dir / CONFIG_FILE
     try:
-        return load_config_dict(json.loads(path.read_text()), source=str(path))
-    except (ConfigError, json.JSONDecodeError) as err:
+        return load_config_dict(read_json_object(path, ConfigError), source=str(path))
+    except ConfigError as err:
         raise TrainError(f"{path}: cannot read the run's config ({err}); use another --run-dir") from None
 
 
@@ -229,7 +229,7 @@ def verify_checkpoint(run_dir: Path, step: int, legacy_ok: bool = True) -> str:
     marker = folder / CHECKSUMS
     if marker.is_file():
         try:
-            listed = json.loads(marker.read_text())["files"]
+            listed = read_json_object(marker)["files"]
             expected = {name: (int(info["bytes"]), str(info["sha256"])) for name, info in listed.items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             return f"{CHECKSUMS} is unreadable"
@@ -381,7 +381,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def save_rng(run_dir: Path, step: int, rank: int) -> None:
-    from regulargpt.io import atomic_write
+    from regulargpt.files import atomic_write
 
     atomic_write(run_dir / f"global_step{step}" / f"rng_rank{rank}.pt", lambda f: torch.save(rng_state(), f))
 
@@ -448,7 +448,7 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
     cfg_path = run_dir / CONFIG_FILE
     if not cfg_path.is_file():
         raise TrainError(f"{run_dir}: no {CONFIG_FILE}; not a run directory")
-    cfg = load_config_dict(json.loads(cfg_path.read_text()), source=str(cfg_path))
+    cfg = load_config_dict(read_json_object(cfg_path, ConfigError), source=str(cfg_path))
     if step is None:
         step = latest_step(run_dir)
         if step is None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from regulargpt.config import Config, config_to_dict
-from regulargpt.io import atomic_write_text, read_jsonl
+from regulargpt.files import atomic_write_text, read_jsonl
 
 __all__ = ["wandb_has_key", "MetricsLog"]
 

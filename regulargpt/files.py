@@ -7,6 +7,12 @@ A reader never sees a half-written file under the final name; a crash leaves the
         f.write(tokens.tobytes())
     atomic_write_bytes("run/ckpt.pt", data, previous="run/ckpt.prev.pt")  # the old version stays as ckpt.prev.pt
     rows = read_jsonl("out/range.jsonl", repair=True)  # drops (and cuts off) a torn last line before appending
+    cfg = read_json_object("run/config.resolved.json")   # a dict, or an error naming the file and what is wrong
+
+Reading policy (every JSON and JSONL file in this project is read by the two readers here): a JSONL file is written
+one ``json + "\n"`` per row, so a last line without its newline is a row torn by a crash mid-write; it is dropped
+with a :class:`TornLineWarning`. Any other line that is not JSON is an error (:class:`CorruptFileError`) naming the
+file and the line.
 """
 
 from __future__ import annotations
@@ -14,17 +20,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from regulargpt.errors import UserError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "read_json_object",
     "CorruptFileError",
+    "TornLineWarning",
     "atomic_open",
+    "atomic_savefig",
     "atomic_write",
     "atomic_write_text",
     "atomic_write_bytes",
@@ -36,6 +48,10 @@ __all__ = [
 
 class CorruptFileError(UserError, ValueError):
     """A file whose content cannot be what this code wrote (e.g. a complete JSONL line that is not JSON)."""
+
+
+class TornLineWarning(UserWarning):
+    """A JSONL file's last line has no newline: its writer was killed mid-append; the line is not a row."""
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -87,13 +103,24 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_savefig(fig: Figure, path: str | Path, **savefig_kwargs: object) -> None:
+    """``fig.savefig`` into :func:`atomic_open`, in the format of the suffix (``plot.png`` → PNG), e.g.
+    ``atomic_savefig(fig, "out/clusters.png", dpi=110)``: a plot is never seen half-written either."""
+    with atomic_open(path) as handle:
+        fig.savefig(handle, format=Path(path).suffix.lstrip("."), **savefig_kwargs)
+
+
 def read_jsonl(path: str | Path, repair: bool = False) -> list[Any]:
     """The rows of an append-only JSONL file ([] if it does not exist).
 
     Every row is written as one ``json + "\\n"``, so only the last line can be incomplete (a process killed in the
-    middle of an append): a last line without its newline is not a row. With ``repair=True`` it is also cut off the
-    file (truncate + fsync), so that the next append starts on a clean line; only the file's single writer may do
-    that. A complete line that is not JSON is a real corruption: :class:`CorruptFileError` naming the file and line.
+    middle of an append): a last line without its newline is not a row; it is dropped with a
+    :class:`TornLineWarning`. With ``repair=True`` it is also cut off the file (truncate + fsync), so that the next
+    append starts on a clean line; only the file's single writer may do that. A complete line that is not JSON is a
+    real corruption: :class:`CorruptFileError` naming the file and line. Blank lines are skipped.
+
+    Example: ``b'{"a": 1}\\n{"a": 2}\\n{"a"'`` reads as ``[{"a": 1}, {"a": 2}]`` (and warns);
+    ``b'{"a": 1}\\n{"a"\\n{"a": 2}\\n'`` raises ``CorruptFileError("...: line 2 is not JSON ...")``.
     """
     path = Path(path)
     if not path.is_file():
@@ -105,13 +132,17 @@ def read_jsonl(path: str | Path, repair: bool = False) -> list[Any]:
         if line.strip():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise CorruptFileError(f"{path}: line {number} is not JSON ({err.msg}); the file is corrupt") from None
-    if repair and keep != len(data):
-        with open(path, "r+b") as handle:
-            handle.truncate(keep)
-            handle.flush()
-            os.fsync(handle.fileno())
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                reason = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+                raise CorruptFileError(f"{path}: line {number} is not JSON ({reason}); the file is corrupt") from None
+    if keep != len(data):
+        warnings.warn(f"{path}: dropped a torn last line ({len(data) - keep} bytes without a newline, left by a "
+                      f"crash mid-write){' and cut it off' if repair else ''}", TornLineWarning, stacklevel=2)
+        if repair:
+            with open(path, "r+b") as handle:
+                handle.truncate(keep)
+                handle.flush()
+                os.fsync(handle.fileno())
     return rows
 
 
@@ -124,12 +155,24 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def read_json_object(path: Path, error: type[Exception], hint: str) -> dict[str, Any]:
-    """Parse `path` as a JSON object; anything else raises `error` naming the file, the problem and `hint`."""
+def read_json_object(path: str | Path, error: type[Exception] = CorruptFileError, hint: str = "",
+                     kind: str = "file") -> dict[str, Any]:
+    """The JSON object in `path`; anything else raises `error` naming the file, the problem and `hint`.
+
+    Messages: ``<path>: <kind> not found``, ``<path>: malformed JSON at line 2, column 27: Expecting ','``,
+    ``<path>: not UTF-8 text (byte 5)``, ``<path>: top level must be a JSON object``; each followed by
+    ``; <hint>`` when a hint is given (e.g. ``"the checkpoint is corrupt"``).
+    """
+    path = Path(path)
+    tail = f"; {hint}" if hint else ""
+    if not path.is_file():
+        raise error(f"{path}: {kind} not found{tail}")
     try:
-        value = json.loads(Path(path).read_text())
-    except ValueError as err:
-        raise error(f"{path}: unreadable ({err}); {hint}") from None
+        value = json.loads(path.read_bytes())
+    except json.JSONDecodeError as err:
+        raise error(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}{tail}") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text (byte {err.start}){tail}") from None
     if not isinstance(value, dict):
-        raise error(f"{path}: expected a JSON object; {hint}")
+        raise error(f"{path}: top level must be a JSON object{tail}")
     return value
