@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
-from regulargpt.evaluation.lm_report import provenance  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
 
 MIB = 2**20
 RUN_SETS = ["data.seq_len=512", "train.batch_size=2", "train.steps=3", "train.eval_batches=1", "train.log_every=1",

@@ -145,8 +145,8 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     import time
 
     from regulargpt.evaluation.formal_long_run import curve_table, plot_curves, standing_lines
-    from regulargpt.evaluation.lm_report import provenance
-    from regulargpt.io import atomic_write_text, read_jsonl
+    from regulargpt.provenance import provenance
+    from regulargpt.files import atomic_write_text, read_jsonl
     from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)
@@ -200,7 +200,7 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
     import json
 
     from regulargpt.evaluation.formal_pilots import recommended_steps, stable_step
-    from regulargpt.io import read_jsonl
+    from regulargpt.files import read_jsonl
 
     print("| pilot | task | steps trained | stable from step | recommended steps |")
     print("|---|---|---:|---:|---:|")

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import Config, ConfigError, build_section, load_config, read_json  # noqa: E402
-from regulargpt.evaluation.lm_report import provenance  # noqa: E402
-from regulargpt.io import atomic_write_text  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.scale_plan import (  # noqa: E402
     GIB,
     Cluster,

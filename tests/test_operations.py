@@ -294,6 +294,7 @@ def agents() -> Iterator[list[subprocess.Popen]]:
         kill_tree(proc)
 
 
+@pytest.mark.slow
 def test_two_nodes_survive_a_killed_agent_and_a_hung_node_then_resume_exactly(
         zero3_run: Path, data_dir: Path, tmp_path: Path, agents: list[subprocess.Popen]) -> None:
     """Rehearsal of a 2-node job (ZeRO-3, one rank per node). (1) SIGKILL node 1's torchrun agent, then SIGTERM node 0's

@@ -10,11 +10,10 @@ Worked example: seeds {0: [(500, 0.21), (1000, 0.35)], 1: [(500, 0.20)]} with ev
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-from regulargpt.io import atomic_write_bytes
+from regulargpt.files import atomic_savefig
 
 __all__ = ["curve_table", "standing_lines", "plot_curves"]
 
@@ -65,7 +64,5 @@ def plot_curves(curves: dict[int, list[dict[str, Any]]], path: Path, title: str)
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.legend(loc="lower right")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    atomic_savefig(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
