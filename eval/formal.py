@@ -196,24 +196,37 @@ def cmd_long_run(args: argparse.Namespace) -> int:
 
 
 def cmd_pilot_steps(args: argparse.Namespace) -> int:
-    """Per pilot run: its task, steps trained, the stable step and the recommended step count (a markdown table)."""
-    import json
+    """Per pilot run: its task, steps trained, the stable step and the recommended step count (a markdown table on
+    stdout; with --out also a file headed by the command, commit, machine and date)."""
+    import shlex
 
     from regulargpt.evaluation.formal_pilots import recommended_steps, stable_step
-    from regulargpt.files import read_jsonl
+    from regulargpt.files import atomic_write_text, read_json_object, read_jsonl
+    from regulargpt.provenance import provenance
 
-    print("| pilot | task | steps trained | stable from step | recommended steps |")
-    print("|---|---|---:|---:|---:|")
+    lines = ["| pilot | task | steps trained | stable from step | recommended steps |", "|---|---|---:|---:|---:|"]
     for run_dir in map(Path, args.runs):
         rows = read_jsonl(run_dir / "metrics.jsonl")
         if not rows:
-            print(f"| {run_dir.name} | — | 0 | not started | — |")
+            lines.append(f"| {run_dir.name} | — | 0 | not started | — |")
             continue
-        task = json.loads((run_dir / "config.resolved.json").read_text())["data"]["task"]
+        data = read_json_object(run_dir / "config.resolved.json")["data"]
+        task = data["task"] + "".join(f" {k}={v}" for k, v in sorted(data.get("task_options", {}).items()))
         stable = stable_step(rows, args.threshold)
         advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None
                   else "not stable | more than the pilot's steps")
-        print(f"| {run_dir.name} | {task} | {rows[-1]['step']:,} | {advice} |")
+        lines.append(f"| {run_dir.name} | {task} | {rows[-1]['step']:,} | {advice} |")
+    print("\n".join(lines))
+    if args.out:
+        prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+        head = ["# Step counts from pilot runs", "", f"- Command: `{prov['command']}`",
+                f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+                f"*Stable from step*: the first logged step (every `log_every` steps, each batch one length from the "
+                f"training range) from which every logged training batch has accuracy >= {args.threshold}; "
+                f"*recommended*: {args.factor:g} x that, rounded up to 100 "
+                f"(regulargpt/evaluation/formal_pilots.py). Held-out lengths never choose a step count.", ""]
+        atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -269,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="+", required=True, help="pilot run directories (metrics.jsonl logged)")
     p.add_argument("--threshold", type=float, default=0.99, help="training-batch accuracy (default 0.99)")
     p.add_argument("--factor", type=float, default=1.6, help="margin over the stable step (default 1.6)")
+    p.add_argument("--out", help="also write the table with its provenance, e.g. results/formal/pilot_steps.md")
     p.set_defaults(func=cmd_pilot_steps)
 
     p = sub.add_parser("long-run", help="one long run per seed, trained in slices; held-out score vs steps")
