@@ -1,0 +1,199 @@
+"""Benchmark: the sliding-dilated kernel against the memory-traffic floor of this machine.
+
+The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick. In one process this script
+1. measures the memory bandwidth (STREAM-like, arrays far larger than the caches, best of `--reps`):
+   copy ``b[:] = a`` moves 2·n·4 bytes, triad ``a = b + s·c`` moves 3·n·4 bytes;
+2. counts the bytes a forward+backward must move at least once: q, k, v, out, dout, dq, dk, dv (8 tensors of
+   B·H·T·Dh elements), the pads and their gradients (4·B·H·Dh) and the window scalars and theirs (2·H·C fp32);
+3. times the kernel forward+backward (``out.backward(dout)``, dout allocated outside the timing), median of `--reps`,
+   eager and under ``torch.compile`` (unless ``--no-compile``);
+4. profiles one forward+backward with ``torch.profiler`` (shapes recorded): the number of leaf ATen ops and the
+   bytes their inputs hold (Σ over leaf ops of the elements of every tensor input × the element size of the run's
+   dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
+   that fusing would remove.
+
+Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best measured bandwidth; and the op traffic as a
+multiple of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32: 8 · 65536 · 512 · 4 B =
+1.07 GB; at 50 GB/s the floor is 21 ms.
+
+    python eval/bench_traffic.py --out results/bench_traffic.md
+    python eval/bench_traffic.py --lengths 16384 --chunks 2 --dtypes fp32 --reps 2      # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from regulargpt.files import atomic_write_text
+from regulargpt.model import sliding_dilated_attention
+from regulargpt.provenance import provenance
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def stream_bandwidth(gib: float = 1.0, reps: int = 5) -> dict[str, float]:
+    """Best copy and triad bandwidth in GB/s over `reps` passes of fp32 arrays of `gib` GiB each."""
+    n = int(gib * 2**30) // 4
+    a, b, c = torch.ones(n), torch.ones(n), torch.ones(n)
+    best = {"copy": 0.0, "triad": 0.0}
+    for _ in range(reps):
+        start = time.perf_counter()
+        b.copy_(a)
+        best["copy"] = max(best["copy"], 2 * n * 4 / (time.perf_counter() - start) / 1e9)
+        start = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best["triad"] = max(best["triad"], 3 * n * 4 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def floor_bytes(batch: int, heads: int, t: int, head_dim: int, chunk: int, element: int) -> int:
+    """Bytes a forward+backward must move at least once: 8 (B, H, T, Dh) tensors, pads and their gradients,
+    window scalars and theirs (fp32). E.g. (1, 8, 65536, 64, 2, 4) → 8·2^25·4 + 4·512·4 + 2·16·4 = 1,073,750,144."""
+    return 8 * batch * heads * t * head_dim * element + 4 * batch * heads * head_dim * element + 2 * heads * chunk * 4
+
+
+def _inputs(batch: int, heads: int, t: int, head_dim: int, chunk: int, dtype: torch.dtype) -> tuple:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, t, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    pad_k, pad_v = (torch.randn(batch, heads, head_dim, dtype=dtype, requires_grad=True) for _ in range(2))
+    rel_bias = torch.randn(heads, chunk, requires_grad=True)
+    dout = torch.randn(batch, heads, t, head_dim, dtype=dtype)
+    return q, k, v, pad_k, pad_v, rel_bias, dout
+
+
+def forward_backward(inputs: tuple, chunk: int, attention=sliding_dilated_attention) -> None:
+    q, k, v, pad_k, pad_v, rel_bias, dout = inputs
+    for x in (q, k, v, pad_k, pad_v, rel_bias):
+        x.grad = None
+    attention(q, k, v, rel_bias, chunk, pad_k, pad_v).backward(dout)
+
+
+def _timed(inputs: tuple, chunk: int, reps: int, attention=sliding_dilated_attention) -> float:
+    forward_backward(inputs, chunk, attention)  # warm-up (and compilation)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        forward_backward(inputs, chunk, attention)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def op_traffic(inputs: tuple, chunk: int, element: int) -> tuple[int, int]:
+    """(leaf ATen ops, bytes of their tensor inputs) of one forward+backward, from torch.profiler's shapes; tensors
+    of the run's dtype count `element` bytes, and so do fp32 score tensors here (a lower bound for bf16 runs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        forward_backward(inputs, chunk)
+    ops, elements = 0, 0
+    for event in prof.events():
+        if event.cpu_children or not event.name.startswith("aten::"):
+            continue
+        ops += 1
+        for shape in event.input_shapes or []:
+            if isinstance(shape, list) and shape and all(isinstance(s, int) for s in shape):
+                size = 1
+                for s in shape:
+                    size *= s
+                elements += size
+    return ops, elements * element
+
+
+def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int, compiled: bool) -> dict:
+    """Eager (and with `compiled`, ``torch.compile``d: Inductor's fused C++ loops) forward+backward times, the
+    floor's bytes and the eager ops' traffic at one (T, C, dtype); compiled outputs are checked against eager."""
+    element = torch.finfo(DTYPES[dtype]).bits // 8
+    inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
+    row = {"t": t, "chunk": chunk, "dtype": dtype, "seconds": _timed(inputs, chunk, reps),
+           "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element)}
+    row["ops"], row["op_bytes"] = op_traffic(inputs, chunk, element)
+    if compiled:
+        torch._dynamo.reset()
+        fused = torch.compile(sliding_dilated_attention, dynamic=False)
+        q, k, v, pad_k, pad_v, rel_bias, _ = inputs
+        with torch.no_grad():
+            gap = (fused(q, k, v, rel_bias, chunk, pad_k, pad_v).float()
+                   - sliding_dilated_attention(q, k, v, rel_bias, chunk, pad_k, pad_v).float()).abs().max().item()
+        row["compiled_seconds"], row["compiled_max_abs_diff"] = _timed(inputs, chunk, reps, fused), gap
+    return row
+
+
+def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespace, command: str) -> str:
+    prov = provenance(command)
+    best = max(bandwidth.values())
+    lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
+             f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
+             f"- Date: {prov['date']}", f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
+             f"B = 1; median of {args.reps} forward+backward passes", "",
+             f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
+             f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s.", "",
+             "| T | C | dtype | fwd+bwd ms | floor bytes (MB) | floor ms | time ÷ floor | leaf ops | op input bytes "
+             "(MB) | op bytes ÷ floor bytes | op bytes at the bandwidth, ms | compiled ms | compiled ÷ floor | "
+             "compiled max abs diff |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        floor_ms = r["floor_bytes"] / best / 1e6
+        lines.append(f"| {r['t']:,} | {r['chunk']} | {r['dtype']} | {r['seconds'] * 1e3:.1f} | "
+                     f"{r['floor_bytes'] / 1e6:,.0f} | {floor_ms:.1f} | {r['seconds'] * 1e3 / floor_ms:.1f}× | "
+                     f"{r['ops']} | {r['op_bytes'] / 1e6:,.0f} | {r['op_bytes'] / r['floor_bytes']:.1f}× | "
+                     f"{r['op_bytes'] / best / 1e6:.1f} | "
+                     + (f"{r['compiled_seconds'] * 1e3:.1f} | {r['compiled_seconds'] * 1e3 / floor_ms:.1f}× | "
+                        f"{r['compiled_max_abs_diff']:.1e} |" if "compiled_seconds" in r else "— | — | — |"))
+    lines += ["", "*floor*: the bytes that must move at least once (q, k, v, out, dout, dq, dk, dv, pads, window "
+              "scalars) at the measured bandwidth. *op input bytes*: what the separate ATen ops of one "
+              "forward+backward read (profiler shapes; outputs not counted), a lower bound on the traffic they issue: "
+              "when it is many times the floor, the time is bounded by passes over memory that a fused kernel would "
+              "not make. *compiled*: the same kernel under `torch.compile` (Inductor on CPU fuses elementwise and "
+              "reduction ops into C++ loops; compilation excluded from the timing), its forward checked against "
+              "eager."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default="16384,65536", help="sequence lengths T (default: %(default)s)")
+    p.add_argument("--chunks", default="2,8", help="chunk sizes C (default: %(default)s)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="q/k/v dtypes (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--stream-gib", type=float, default=1.0, help="GiB per bandwidth array (default 1)")
+    p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns")
+    p.add_argument("--out", type=Path, default=Path("results/bench_traffic.md"))
+    args = p.parse_args(argv)
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        chunks = [int(x) for x in args.chunks.split(",")]
+    except ValueError:
+        p.error(f"--lengths {args.lengths!r} / --chunks {args.chunks!r}: expected comma-separated integers")
+    dtypes = args.dtypes.split(",")
+    if bad := [d for d in dtypes if d not in DTYPES]:
+        p.error(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPES)}")
+    if min(lengths) < 1 or min(chunks) < 2 or args.reps < 1 or args.threads < 1:
+        p.error("expected lengths >= 1, chunks >= 2, --reps >= 1, --threads >= 1")
+    torch.set_num_threads(args.threads)
+    command = shlex.join(["python", "eval/bench_traffic.py", *(sys.argv[1:] if argv is None else argv)])
+    bandwidth = stream_bandwidth(args.stream_gib, reps=max(args.reps, 3))
+    print(f"bandwidth: copy {bandwidth['copy']:.1f} GB/s, triad {bandwidth['triad']:.1f} GB/s", flush=True)
+    rows = []
+    for dtype in dtypes:
+        for t in lengths:
+            for chunk in chunks:
+                rows.append(measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile))
+                r = rows[-1]
+                print(f"T={t} C={chunk} {dtype}: {r['seconds'] * 1e3:.1f} ms, {r['ops']} ops", flush=True)
+    atomic_write_text(args.out, render(rows, bandwidth, args, command))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

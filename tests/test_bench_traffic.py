@@ -1,0 +1,34 @@
+"""eval/bench_traffic.py: the traffic floor's byte count, the op-traffic lower bound, and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import load_script
+
+bench = load_script("eval/bench_traffic.py")
+
+
+def test_floor_bytes_counts_each_tensor_once() -> None:
+    # the issue's example: T = 65536, H = 8, Dh = 64, fp32 → 8 tensors of 2^25 elements, pads, scalars
+    assert bench.floor_bytes(1, 8, 65536, 64, 2, 4) == 8 * 2**25 * 4 + 4 * 512 * 4 + 2 * 16 * 4 == 1_073_750_144
+    assert bench.floor_bytes(2, 8, 1024, 64, 8, 2) == 8 * 2 * 8 * 1024 * 64 * 2 + 4 * 2 * 8 * 64 * 2 + 2 * 8 * 8 * 4
+
+
+def test_op_traffic_is_at_least_the_inputs_read_once() -> None:
+    inputs = bench._inputs(1, 2, 256, 16, 2, torch.float32)
+    ops, traffic = bench.op_traffic(inputs, 2, 4)
+    q_bytes = 256 * 2 * 16 * 4
+    assert ops > 10 and traffic >= 4 * q_bytes  # q, k, v and dout are each read at least once
+
+
+def test_report_and_bad_flags(tmp_path: Path) -> None:
+    out = tmp_path / "t.md"
+    assert bench.main(["--lengths", "128", "--chunks", "2", "--dtypes", "fp32", "--reps", "1", "--threads", "1",
+                       "--no-compile", "--stream-gib", "0.05", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| 128 | 2 | fp32 |" in text and "Measured bandwidth" in text and "— | — | — |" in text
+    with pytest.raises(SystemExit):
+        bench.main(["--dtypes", "fp16", "--out", str(out)])
