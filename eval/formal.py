@@ -44,10 +44,10 @@ from regulargpt.evaluation.formal import (  # noqa: E402
     range_evaluate,
     range_score,
 )
-from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep  # noqa: E402
-from regulargpt.evaluation.formal_tables import write_tables  # noqa: E402
+from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep  # noqa: E402
+from regulargpt.experiments.formal_tables import write_tables  # noqa: E402
+from regulargpt.run_files import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE  # noqa: E402
 from regulargpt.tasks import make_task  # noqa: E402
-from regulargpt.train.formal import MODEL_FILE  # noqa: E402
 
 
 def cmd_range(args: argparse.Namespace) -> int:
@@ -101,7 +101,7 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
 
     from regulargpt.files import atomic_write_text, read_jsonl
     from regulargpt.provenance import provenance
-    from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
+    from regulargpt.train.formal import SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)
@@ -147,7 +147,7 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     from regulargpt.evaluation.formal_long_run import curve_table, plot_curves, standing_lines
     from regulargpt.provenance import provenance
     from regulargpt.files import atomic_write_text, read_jsonl
-    from regulargpt.train.formal import SOLVE_FILE, SolveCheck, train_formal
+    from regulargpt.train.formal import SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)
@@ -206,11 +206,11 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
 
     lines = ["| pilot | task | steps trained | stable from step | recommended steps |", "|---|---|---:|---:|---:|"]
     for run_dir in map(Path, args.runs):
-        rows = read_jsonl(run_dir / "metrics.jsonl")
+        rows = read_jsonl(run_dir / METRICS_FILE)
         if not rows:
             lines.append(f"| {run_dir.name} | — | 0 | not started | — |")
             continue
-        data = read_json_object(run_dir / "config.resolved.json")["data"]
+        data = read_json_object(run_dir / CONFIG_FILE)["data"]
         task = data["task"] + "".join(f" {k}={v}" for k, v in sorted(data.get("task_options", {}).items()))
         stable = stable_step(rows, args.threshold)
         advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None

@@ -326,7 +326,7 @@ def _formal_sweep_setup(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Path) -> None:
-    from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
+    from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
 
     configs = _formal_sweep_setup(tmp_path)
     ref_specs = plan_runs(load_profile("k", configs), tmp_path / "ref", configs_dir=configs)

@@ -27,6 +27,7 @@ from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.evaluation.lm_report import row_key
 from regulargpt.files import read_json_object, read_jsonl
+from regulargpt.run_files import MODEL_FILE
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -117,7 +118,7 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
 
     `depth_policy` scores a RegularGPT with another depth policy than it was trained with (same weights)."""
     path = Path(run)
-    model_path = path / "model.pt" if path.is_dir() else path
+    model_path = path / MODEL_FILE if path.is_dir() else path
     if not model_path.is_file():
         if path.is_dir() and (path / "latest").is_file():  # trained (or stopped) but not exported
             raise EvalError(f"run directory {path} has no model.pt but has checkpoints (latest: "
