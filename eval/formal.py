@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
 from regulargpt.cli import run  # noqa: E402
-from regulargpt.evaluation.formal import (  # noqa: E402
+from regulargpt.evaluation.formal_scoring import (  # noqa: E402
     RangeEvalError,
     check_lengths,
     parse_lengths,
@@ -101,7 +101,7 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
 
     from regulargpt.files import atomic_write_text, read_jsonl
     from regulargpt.provenance import provenance
-    from regulargpt.train.formal import SolveCheck, train_formal
+    from regulargpt.train.formal_trainer import SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)
@@ -147,7 +147,7 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     from regulargpt.evaluation.formal_long_run import curve_table, plot_curves, standing_lines
     from regulargpt.provenance import provenance
     from regulargpt.files import atomic_write_text, read_jsonl
-    from regulargpt.train.formal import SolveCheck, train_formal
+    from regulargpt.train.formal_trainer import SolveCheck, train_formal
 
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)

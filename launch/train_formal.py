@@ -6,7 +6,7 @@ Example::
         --set train.steps=2000 --set train.lr=1e-3 --run-dir runs/parity-c2
 
 Writes DIR/config.resolved.json, DIR/metrics.jsonl, DIR/ckpt.pt and finally DIR/model.pt (see
-regulargpt/train/formal.py). Evaluate with ``python eval/formal.py range --run DIR --out DIR/range.jsonl``.
+regulargpt/train/formal_trainer.py). Evaluate with ``python eval/formal.py range --run DIR --out DIR/range.jsonl``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.config import ConfigError, load_config  # noqa: E402
-from regulargpt.train.formal import SolveCheck, formal_task, train_formal  # noqa: E402
+from regulargpt.train.formal_trainer import SolveCheck, formal_task, train_formal  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

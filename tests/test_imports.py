@@ -62,7 +62,8 @@ def test_evaluation_and_model_import_nothing_from_training_or_experiments() -> N
     """Layers: model < evaluation < train < experiments; evaluation reads run directories through
     ``regulargpt.run_files``, never through the trainer."""
     graph = _module_graph()
-    assert "regulargpt.train.formal" in graph["regulargpt.experiments.formal_sweep"]  # the graph sees real imports
+    assert "regulargpt.train.formal_trainer" in graph["regulargpt.experiments.formal_sweep"]  # sees real imports
+
     def upper(target: str) -> bool:
         return any(target == layer or target.startswith(f"{layer}.")
                    for layer in ("regulargpt.train", "regulargpt.experiments"))

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from regulargpt.config import Config, load_config_dict
-from regulargpt.evaluation.formal import range_score, read_rows
+from regulargpt.evaluation.formal_scoring import range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance

@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
-from regulargpt.evaluation.formal import held_out_score
+from regulargpt.evaluation.formal_scoring import held_out_score
 from regulargpt.files import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
 from regulargpt.run_files import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, PREV_CKPT_FILE, SOLVE_FILE
@@ -65,9 +65,9 @@ _RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumpt
 @dataclass(frozen=True)
 class SolveCheck:
     """Time-to-solve: every `every` steps, the held-out score (mean accuracy over `lengths`, `samples` fixed strings
-    each, :func:`~regulargpt.evaluation.formal.held_out_score`) is logged with the training seconds so far (checks
-    excluded). The first check at >= `threshold` is the time to solve. The check reads the model only: training
-    with and without it is identical (tested)."""
+    each, :func:`~regulargpt.evaluation.formal_scoring.held_out_score`) is logged with the training seconds so far
+    (checks excluded). The first check at >= `threshold` is the time to solve. The check reads the model only:
+    training with and without it is identical (tested)."""
 
     every: int = 100
     lengths: tuple[int, ...] = tuple(range(41, 501, 51))  # 41, 92, …, 500
