@@ -474,6 +474,10 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
         raise TrainError(f"{run_dir}/global_step{step}: weights do not fit the config's model: {err}") from None
     trainer = read_trainer_state(run_dir, step)
     out = Path(out) if out is not None else run_dir / MODEL_FILE
-    save_model_file(out, cfg, model, meta={"step": step, "tokens": trainer.get("tokens", 0),
-                                           "run_dir": str(run_dir), "checkpoint": f"global_step{step}"})
+    meta = {"step": step, "tokens": trainer.get("tokens", 0), "run_dir": str(run_dir),
+            "checkpoint": f"global_step{step}"}
+    tokenizer_sha = trainer.get("data", {}).get("tokenizer_sha256")
+    if tokenizer_sha:  # evaluation and generation check their tokenizer against it (training_tokenizer_sha)
+        meta["tokenizer_sha256"] = tokenizer_sha
+    save_model_file(out, cfg, model, meta=meta)
     return out
