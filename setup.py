@@ -19,4 +19,17 @@ setup(
         "psutil",  # training ranks watch their launcher (regulargpt/train/stopping.py)
     ],
     extras_require={"dev": ["pytest"]},
+    # The main commands; launch/*.py and eval/*.py are thin wrappers of the same `main` functions, so that
+    # `deepspeed launch/pretrain.py --config …` and every documented `python …` command work from a checkout.
+    entry_points={
+        "console_scripts": [
+            "regulargpt-pretrain = regulargpt.commands.pretrain:console",
+            "regulargpt-train-formal = regulargpt.commands.train_formal:console",
+            "regulargpt-extrapolate = regulargpt.commands.extrapolate:console",
+            "regulargpt-generate = regulargpt.commands.generate:console",
+            "regulargpt-formal = regulargpt.commands.formal_suite:console",
+            "regulargpt-export = regulargpt.commands.export:console",
+            "regulargpt-submit = regulargpt.commands.submit:console",
+        ],
+    },
 )

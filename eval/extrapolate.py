@@ -1,126 +1,13 @@
-"""Perplexity of trained language models at many evaluation lengths (length extrapolation); see docs/EVALUATION.md.
+"""``python eval/extrapolate.py`` = the ``regulargpt-extrapolate`` console script; the command and its usage are in
+:mod:`regulargpt.commands.extrapolate` (a thin wrapper, so every documented command keeps working from a checkout)."""
 
-Examples:
-    python eval/extrapolate.py --runs runs/alibi-seed0 runs/regular-seed0 --data data/python-stdlib --split test \\
-        --lengths 512,1024,2048,4096,8192,16384 --out results/lm
-    python eval/extrapolate.py --runs runs/*/ --data data/python-stdlib --lengths 64,128,256 --out results/lm \\
-        --protocol sliding --stride 32
-    torchrun --nproc_per_node 4 eval/extrapolate.py --runs runs/alibi-seed0 --data data/python-stdlib --out results/lm
-
-Lengths, protocol, stride, tokens and memory budget default to each run's saved config (its `eval` section: the tiny
-configs say 64…2048, configs/base.json 512…16384); a flag overrides that field for every run.
-
-Writes OUT/results.jsonl (one row per run × length; rows already there are not recomputed), then OUT/table.md,
-OUT/ppl_vs_length.png and OUT/loss_vs_position.png from every row in the file.
-"""
-
-from __future__ import annotations
-
-import argparse
-import os
-import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
-# Before torch loads OpenMP: idle threads sleep instead of spinning (spinning is many times slower on a shared CPU).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch
-
-from regulargpt.checkpoint import CheckpointError
-from regulargpt.cli import run
-from regulargpt.evaluation.lm_report import load_rows, write_report
-from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
-from regulargpt.evaluation.perplexity import EvalError
-
-
-def _lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024,2048") from None
-    if not lengths or min(lengths) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: lengths must be integers >= 1")
-    return sorted(set(lengths))
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
-    return value
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device(name)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", required=True,
-                   help="run directories holding model.pt (or model.pt paths), e.g. --runs runs/alibi-seed0 runs/t5-seed0")
-    p.add_argument("--data", required=True, help="prepared data folder (data_prep/prepare.py), e.g. --data data/python-stdlib")
-    p.add_argument("--split", default="test", help="held-out split to score (default test), e.g. --split val")
-    p.add_argument("--lengths", type=_lengths, default=None,
-                   help="evaluation lengths (default: the run's eval.lengths), e.g. --lengths 64,128,256")
-    p.add_argument("--out", required=True, help="output folder (results.jsonl, table.md, plots), e.g. --out results/lm")
-    p.add_argument("--protocol", choices=("nonoverlapping", "sliding"), default=None,
-                   help="nonoverlapping: windows of L, every token scored (KERPLE/ALiBi); sliding: windows advance by "
-                        "--stride and score only their new tokens (default: the run's eval.protocol)")
-    p.add_argument("--stride", type=_non_negative_int, default=None,
-                   help="sliding stride in tokens, <= every length (0 = L/2 at each length; default: the run's "
-                        "eval.stride), e.g. --stride 32")
-    p.add_argument("--tokens", type=_non_negative_int, default=None,
-                   help="tokens scored per length (0 = as many as the split holds, rounded to whole windows of every "
-                        "length; default: the run's eval.tokens), e.g. --tokens 65536")
-    p.add_argument("--memory-gb", type=_positive_float, default=None,
-                   help="activation memory budget; sets the batch size, and a length whose single window needs more "
-                        "gets a skipped row (default: the run's eval.memory_gb), e.g. --memory-gb 16")
-    p.add_argument("--depth-policy", choices=("adaptive", "train", "per_position"), default=None,
-                   help="score RegularGPT runs with this depth policy instead of their own (same weights; rows are "
-                        "labelled depth=POLICY), e.g. --depth-policy train")
-    p.add_argument("--batch-size", type=_non_negative_int, default=0,
-                   help="windows per forward, capped by --memory-gb (default 0 = the largest that fits), e.g. --batch-size 1")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (the per-row lines are still printed)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    try:
-        rank, _ = distributed_context()
-        overrides = {"lengths": args.lengths, "protocol": args.protocol, "stride": args.stride, "tokens": args.tokens,
-                     "memory_gb": args.memory_gb}
-        sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
-                   device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy)
-    except (EvalError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if rank == 0:
-        write_report(load_rows(Path(args.out) / "results.jsonl"), args.out, command)
-        print(f"wrote {args.out}/results.jsonl, table.md, ppl_vs_length.png, loss_vs_position.png")
-    return 0
-
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.commands.extrapolate import main  # noqa: E402
 
 if __name__ == "__main__":
     run(main)

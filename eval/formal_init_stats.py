@@ -33,7 +33,7 @@ from regulargpt.config import load_config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
-from regulargpt.train.formal import formal_task, seed_stream  # noqa: E402
+from regulargpt.train.formal_trainer import formal_task, seed_stream  # noqa: E402
 
 
 def init_stats(config: str, sets: list[str], scheme: str, seed: int, length: int, batch: int) -> dict[str, float]:

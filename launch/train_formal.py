@@ -1,56 +1,13 @@
-"""Train one formal-language classifier (Adam, clipping, constant LR, one length per batch); resumes automatically.
+"""``python launch/train_formal.py`` = the ``regulargpt-train-formal`` console script; the command and its usage are in
+:mod:`regulargpt.commands.train_formal` (a thin wrapper, so every documented command keeps working from a checkout)."""
 
-Example::
-
-    python launch/train_formal.py --config configs/formal/parity_check.json \\
-        --set train.steps=2000 --set train.lr=1e-3 --run-dir runs/parity-c2
-
-Writes DIR/config.resolved.json, DIR/metrics.jsonl, DIR/ckpt.pt and finally DIR/model.pt (see
-regulargpt/train/formal.py). Evaluate with ``python eval/formal.py range --run DIR --out DIR/range.jsonl``.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout without `pip install -e .`
 
-import torch  # noqa: E402
-
 from regulargpt.cli import run  # noqa: E402
-from regulargpt.config import ConfigError, load_config  # noqa: E402
-from regulargpt.train.formal import SolveCheck, formal_task, train_formal  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="task config, e.g. configs/formal/parity_check.json")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set model.chunk_size=3 (repeatable)")
-    parser.add_argument("--run-dir", required=True, help="run directory; an existing run in it is resumed")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default), e.g. 1")
-    parser.add_argument("--time-to-solve", type=int, nargs="?", const=100, default=0, metavar="EVERY",
-                        help="every EVERY steps (default 100) log the held-out score on lengths 41, 92, …, 500 (64 "
-                             "strings each) to DIR/time_to_solve.jsonl; training is unchanged. e.g. --time-to-solve")
-    args = parser.parse_args(argv)
-    if args.threads < 0:  # a UserError (one `error:` line, exit 2), before torch.set_num_threads could fail
-        raise ConfigError(f"--threads {args.threads}: expected an integer >= 0 (0 = torch's default)")
-    if args.time_to_solve < 0:
-        raise ConfigError(f"--time-to-solve {args.time_to_solve}: expected an integer >= 1 (steps)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, args.set)
-    try:
-        formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
-    except ConfigError as err:
-        raise ConfigError(f"{args.config}: {err}") from None
-    check = SolveCheck(every=args.time_to_solve) if args.time_to_solve else None
-    path = train_formal(cfg, args.run_dir, solve_check=check)
-    print(f"model: {path}")
-    return 0
-
+from regulargpt.commands.train_formal import main  # noqa: E402
 
 if __name__ == "__main__":
     run(main)

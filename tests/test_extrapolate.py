@@ -165,6 +165,13 @@ def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     stamped = _run(tmp_path / "stamped", data, meta={"tokenizer_sha256": "0" * 64})
     with pytest.raises(EvalError, match="tokenizer sha256 000000000000"):
         sweep([stamped], data, "test", [16], tmp_path / "out", progress=False)
+    # a model.pt exported before the hash was stored in its meta: the checkpoint's data fingerprint is still read
+    old = _run(tmp_path / "old", data, meta={"step": 3, "checkpoint": "global_step3"})
+    (tmp_path / "old" / "global_step3").mkdir()
+    (tmp_path / "old" / "global_step3" / "trainer_state.json").write_text(
+        json.dumps({"step": 3, "data": {"tokenizer_sha256": "1" * 64, "vocab_size": VOCAB}}))
+    with pytest.raises(EvalError, match=r"tokenizer sha256 111111111111… \(.*trainer_state.json\)"):
+        sweep([old], data, "test", [16], tmp_path / "out", progress=False)
     wide = _run(tmp_path / "wide", data, vocab_size=VOCAB + 3)
     with pytest.raises(EvalError, match="vocab_size 64 does not match"):
         sweep([wide], data, "test", [16], tmp_path / "out", progress=False)

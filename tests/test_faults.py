@@ -47,7 +47,7 @@ from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
 from regulargpt.train import run_dir as rd
-from regulargpt.train.formal import formal_task, train_formal
+from regulargpt.train.formal_trainer import formal_task, train_formal
 
 
 def _tensors(obj: object, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -288,7 +288,7 @@ def test_formal_corrupt_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
 
 def test_formal_nan_step_is_skipped_and_the_limit_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    import regulargpt.train.formal as formal
+    import regulargpt.train.formal_trainer as formal
 
     weights: list[dict[str, torch.Tensor]] = []
 
@@ -326,7 +326,7 @@ def _formal_sweep_setup(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Path) -> None:
-    from regulargpt.evaluation.formal_sweep import load_profile, plan_runs, run_sweep
+    from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
 
     configs = _formal_sweep_setup(tmp_path)
     ref_specs = plan_runs(load_profile("k", configs), tmp_path / "ref", configs_dir=configs)

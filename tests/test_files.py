@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from regulargpt.config import ConfigError, load_config
-from regulargpt.evaluation.formal import read_rows
+from regulargpt.evaluation.formal_scoring import read_rows
 from regulargpt.evaluation.length_sweep import ResultsFile
 from regulargpt.evaluation.lm_report import load_rows
 from regulargpt.files import CorruptFileError, TornLineWarning, atomic_savefig, read_json_object, read_jsonl

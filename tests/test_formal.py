@@ -13,12 +13,12 @@ from helpers import formal_losses as losses
 
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import ConfigError, load_config_dict
-from regulargpt.evaluation.formal import parse_lengths, range_evaluate, range_score, read_rows
-from regulargpt.evaluation.formal_sweep import Profile, load_profile, plan_runs, run_sweep
-from regulargpt.evaluation.formal_tables import collect_runs, table1, table2, write_tables
+from regulargpt.evaluation.formal_scoring import parse_lengths, range_evaluate, range_score, read_rows
+from regulargpt.experiments.formal_sweep import Profile, load_profile, plan_runs, run_sweep
+from regulargpt.experiments.formal_tables import collect_runs, table1, table2, write_tables
 from regulargpt.model import build_model
 from regulargpt.tasks import make_task
-from regulargpt.train.formal import formal_task, train_formal
+from regulargpt.train.formal_trainer import formal_task, train_formal
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "formal"
 
@@ -235,7 +235,8 @@ def test_time_to_solve_check_does_not_change_training(tmp_path: Path) -> None:
     and the data are still those of a run without the check. The check rows and model.pt's meta record the first
     step at or above the threshold."""
     from regulargpt.checkpoint import load_model_file
-    from regulargpt.train.formal import SOLVE_FILE, SolveCheck
+    from regulargpt.run_files import SOLVE_FILE
+    from regulargpt.train.formal_trainer import SolveCheck
 
     cfg = tiny_cfg(steps=12, save_every=5)
     plain = train_formal(cfg, tmp_path / "plain")
@@ -254,7 +255,7 @@ def test_time_to_solve_check_does_not_change_training(tmp_path: Path) -> None:
 
 
 def test_recipe_ignores_seed_and_bookkeeping_but_not_training_settings() -> None:
-    from regulargpt.evaluation.formal_sweep import recipe_id
+    from regulargpt.experiments.formal_sweep import recipe_id
 
     base = recipe_id(tiny_cfg())
     assert recipe_id(tiny_cfg(seed=9, log_every=5, save_every=7)) == base
@@ -281,7 +282,8 @@ def test_a_run_trained_in_slices_equals_one_run_and_the_long_run_report(tmp_path
     give the same losses, checks and weights as one run. `long-run` trains two seeds in turn and reports per-step
     scores per seed, a standing line each and a PNG."""
     from regulargpt.checkpoint import load_model_file
-    from regulargpt.train.formal import SOLVE_FILE, SolveCheck
+    from regulargpt.run_files import SOLVE_FILE
+    from regulargpt.train.formal_trainer import SolveCheck
 
     cfg = tiny_cfg(steps=12, save_every=5)
     check = SolveCheck(every=2, lengths=(7, 12), samples=8)

@@ -56,3 +56,18 @@ def test_no_module_of_the_package_imports_itself_back() -> None:
     graph = _module_graph()
     assert "regulargpt.model.dilation" in graph["regulargpt.model.flex_sliding"]  # the graph sees real imports
     assert _cycle(graph) is None
+
+
+def test_evaluation_and_model_import_nothing_from_training_or_experiments() -> None:
+    """Layers: model < evaluation < train < experiments; evaluation reads run directories through
+    ``regulargpt.run_files``, never through the trainer."""
+    graph = _module_graph()
+    assert "regulargpt.train.formal_trainer" in graph["regulargpt.experiments.formal_sweep"]  # sees real imports
+
+    def upper(target: str) -> bool:
+        return any(target == layer or target.startswith(f"{layer}.")
+                   for layer in ("regulargpt.train", "regulargpt.experiments"))
+
+    wrong = {module: sorted(filter(upper, targets)) for module, targets in graph.items()
+             if module.startswith(("regulargpt.evaluation", "regulargpt.model")) and any(map(upper, targets))}
+    assert wrong == {}

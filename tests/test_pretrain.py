@@ -56,9 +56,10 @@ def test_two_process_zero_loss_falls(data_dir, tmp_path, stage, precision, launc
 
 
 @pytest.mark.slow
-def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, tmp_path):
+def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, data_dir, tmp_path):
     from regulargpt.checkpoint import load_model_file
     from regulargpt.config import load_config
+    from regulargpt.data import load_manifest
     from regulargpt.model import build_model
 
     _assert_loss_falls(zero3_run)
@@ -66,6 +67,7 @@ def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, t
     assert (zero3_run / "latest").read_text() == "global_step12"
     assert (zero3_run / "config.resolved.json").is_file()
 
+    tokenizer_sha = load_manifest(data_dir)["tokenizer"]["sha256"]
     out = tmp_path / "step9.pt"  # the export command, from a ZeRO-3 checkpoint other than the latest
     proc = subprocess.run([sys.executable, str(ROOT / "launch/export.py"), str(zero3_run), "--step", "9", "--out",
                            str(out)], cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=120)
@@ -77,6 +79,7 @@ def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, t
         fresh.load_state_dict(payload["state_dict"], strict=True)
         assert all(v.dtype == torch.float32 for v in payload["state_dict"].values() if v.is_floating_point())
         assert payload["meta"]["step"] == step
+        assert payload["meta"]["tokenizer_sha256"] == tokenizer_sha  # what evaluation checks its data against
         _, model, _ = load_model_file(path)
         with torch.no_grad():
             assert torch.isfinite(model(torch.randint(0, 512, (1, 40)))).all()

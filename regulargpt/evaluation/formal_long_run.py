@@ -1,8 +1,9 @@
 """The report of a long formal-language run: held-out accuracy against training steps, one curve per seed.
 
 Input: per seed, the rows of the run's ``time_to_solve.jsonl`` ({"step", "seconds", "cpu_seconds", "score"}, one
-per check; written by :class:`~regulargpt.train.formal.SolveCheck` without changing training). Output: markdown with
-one table row per reported step and one column per seed, a "where it stands" line per seed, and a PNG of the curves.
+per check; written by :class:`~regulargpt.train.formal_trainer.SolveCheck` without changing training). Output:
+markdown with one table row per reported step and one column per seed, a "where it stands" line per seed, and a PNG
+of the curves.
 
 Worked example: seeds {0: [(500, 0.21), (1000, 0.35)], 1: [(500, 0.20)]} with every_row=500 gives the rows
 ``| 500 | 0.210 | 0.200 |`` and ``| 1000 | 0.350 | … |`` (seed 1 has not reached step 1000 yet).

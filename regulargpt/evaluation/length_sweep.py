@@ -27,6 +27,7 @@ from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.evaluation.lm_report import row_key
 from regulargpt.files import read_json_object, read_jsonl
+from regulargpt.run_files import MODEL_FILE
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -117,7 +118,7 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
 
     `depth_policy` scores a RegularGPT with another depth policy than it was trained with (same weights)."""
     path = Path(run)
-    model_path = path / "model.pt" if path.is_dir() else path
+    model_path = path / MODEL_FILE if path.is_dir() else path
     if not model_path.is_file():
         if path.is_dir() and (path / "latest").is_file():  # trained (or stopped) but not exported
             raise EvalError(f"run directory {path} has no model.pt but has checkpoints (latest: "
@@ -135,40 +136,21 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
     return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta, depth_policy)
 
 
-def _find_key(obj: Any, key: str) -> Any:
-    """First value stored under `key` anywhere in nested dicts (depth-first), else None."""
-    if isinstance(obj, dict):
-        if isinstance(obj.get(key), str):
-            return obj[key]
-        for value in obj.values():
-            found = _find_key(value, key)
-            if found is not None:
-                return found
-    return None
-
-
 def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
     """(sha256 of the tokenizer the run trained with, where it was found), if the run recorded it.
 
-    Looked up in model.pt's meta (``tokenizer_sha256``, or a data manifest's ``tokenizer.sha256``), then the
-    ``trainer_state.json`` of the checkpoint model.pt was exported from (its data fingerprint), then a
-    ``data_manifest.json`` next to model.pt, then the manifest of the run's ``data.path`` if that folder exists.
+    Read from model.pt's meta (``tokenizer_sha256``, stored at export). A model.pt exported before the hash was
+    stored: the data fingerprint in the ``trainer_state.json`` of the checkpoint it was exported from, else the
+    manifest of the run's ``data.path`` if that folder exists.
     """
-    meta_sha = _find_key(info.meta, "tokenizer_sha256")
-    if meta_sha is None and isinstance(info.meta.get("data_manifest"), dict):
-        meta_sha = _find_key(info.meta["data_manifest"].get("tokenizer", {}), "sha256")
-    if meta_sha:
+    meta_sha = info.meta.get("tokenizer_sha256")
+    if isinstance(meta_sha, str) and meta_sha:
         return meta_sha, f"{info.path} meta"
     state = info.path.parent / str(info.meta.get("checkpoint", "")) / "trainer_state.json"
     if info.meta.get("checkpoint") and state.is_file():
-        sha = _find_key(read_json_object(state), "tokenizer_sha256")
-        if sha:
+        sha = read_json_object(state).get("data", {}).get("tokenizer_sha256")
+        if isinstance(sha, str) and sha:
             return sha, str(state)
-    saved = info.path.parent / "data_manifest.json"
-    if saved.is_file():
-        sha = _find_key(read_json_object(saved).get("tokenizer", {}), "sha256")
-        if sha:
-            return sha, str(saved)
     if info.cfg.data.path and (Path(info.cfg.data.path) / "manifest.json").is_file():
         try:
             return load_manifest(info.cfg.data.path)["tokenizer"]["sha256"], f"{info.cfg.data.path}/manifest.json"

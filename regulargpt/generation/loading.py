@@ -2,7 +2,7 @@
 
 The tokenizer is found through the run's data manifest (``data.path`` of the saved config, relative to the current
 folder or to the repository root, as the training command saw it), or given explicitly. Either way it must be the
-one the run trained with, where the run recorded that (``tokenizer_sha256`` in its checkpoint state).
+one the run trained with, where the run recorded that (``tokenizer_sha256`` in model.pt's meta, stored at export).
 
 Example::
 

@@ -66,7 +66,7 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
     Measured: bf16 C = 8 blocked 1.6-2.8× faster; fp32 C = 8 at T = 16384 blocked 1.2-1.5× faster; C >= 16 blocked
     up to 9× faster; C <= 3 shift up to 6× faster (fp32 blocked with C = 2 runs tiny matmuls). Over the whole grid
     (212 points) the rule's total time is 1.035× that of always taking the faster of the two (fp32 1.043×, bf16
-    1.012×; docs/PERFORMANCE.md, tests/test_sliding_dilated.py).
+    1.012×; docs/PERFORMANCE.md; another machine measures its own with `python eval/bench_dispatch.py`).
 
     FlexAttention has no CPU backward (torch 2.13) and its CPU forward needs a compile per shape, so CPU calls
     always use one of the two exact CPU algorithms. On CUDA, if the automatically chosen flex call fails (a compile

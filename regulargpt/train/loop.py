@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from regulargpt.config import Config
 from regulargpt.peak import PEAK_ENV, cached_peak
+from regulargpt.run_files import MODEL_FILE
 from regulargpt.train import run_dir as rd
 from regulargpt.train.engine import (
     TrainError,
@@ -371,7 +372,7 @@ class _Trainer:
         finished_before = start_step >= t.steps and rd.latest_step(self.run_dir) == t.steps
         if not preempted and rd.latest_step(self.run_dir) != t.steps:
             self.save()  # a run resumed after its last step but before its final save
-        if not preempted and self.rank == 0 and not (finished_before and (self.run_dir / "model.pt").is_file()):
+        if not preempted and self.rank == 0 and not (finished_before and (self.run_dir / MODEL_FILE).is_file()):
             path = rd.export_model(self.run_dir, t.steps)
             self.log.message(f"wrote {path}")
         self.dist.barrier()

@@ -27,6 +27,7 @@ from typing import Any
 
 from regulargpt.config import Config, config_to_dict
 from regulargpt.files import atomic_write_text, read_jsonl
+from regulargpt.run_files import METRICS_FILE
 
 __all__ = ["wandb_has_key", "MetricsLog"]
 
@@ -45,7 +46,7 @@ class MetricsLog:
 
     def __init__(self, cfg: Config, run_dir: Path, start_step: int, enabled: bool) -> None:
         self.cfg, self.run_dir, self.enabled = cfg, run_dir, enabled
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self.bar: Any = None
         self.wandb_run: Any = None
         if not enabled:

@@ -41,6 +41,7 @@ import torch
 
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
 from regulargpt.files import atomic_write_text, read_json_object, sha256_file
+from regulargpt.run_files import CONFIG_FILE, MODEL_FILE
 from regulargpt.train.engine import TrainError
 
 __all__ = [
@@ -67,7 +68,7 @@ __all__ = [
     "export_model",
 ]
 
-CONFIG_FILE, LATEST, TRAINER_STATE, CHECKSUMS = "config.resolved.json", "latest", "trainer_state.json", "checksums.json"
+LATEST, TRAINER_STATE, CHECKSUMS = "latest", "trainer_state.json", "checksums.json"
 _TAG = re.compile(r"^global_step(\d+)$")
 
 # Keys that may change between a run and its resumption: they do not change what is trained.
@@ -160,7 +161,7 @@ def extension_config(run_dir: Path, cfg: Config, steps: int) -> Config:
 def set_aside_export(run_dir: Path, step: int) -> Path | None:
     """An extension starts: the finished run's model.pt → model_step<step>.pt (a model.pt means "finished" to
     launch/submit.py and the sbatch script's requeue). → the new path, or None without a model.pt."""
-    path = run_dir / "model.pt"
+    path = run_dir / MODEL_FILE
     if not path.is_file():
         return None
     os.replace(path, run_dir / f"model_step{step}.pt")
@@ -472,7 +473,11 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
     except RuntimeError as err:
         raise TrainError(f"{run_dir}/global_step{step}: weights do not fit the config's model: {err}") from None
     trainer = read_trainer_state(run_dir, step)
-    out = Path(out) if out is not None else run_dir / "model.pt"
-    save_model_file(out, cfg, model, meta={"step": step, "tokens": trainer.get("tokens", 0),
-                                           "run_dir": str(run_dir), "checkpoint": f"global_step{step}"})
+    out = Path(out) if out is not None else run_dir / MODEL_FILE
+    meta = {"step": step, "tokens": trainer.get("tokens", 0), "run_dir": str(run_dir),
+            "checkpoint": f"global_step{step}"}
+    tokenizer_sha = trainer.get("data", {}).get("tokenizer_sha256")
+    if tokenizer_sha:  # evaluation and generation check their tokenizer against it (training_tokenizer_sha)
+        meta["tokenizer_sha256"] = tokenizer_sha
+    save_model_file(out, cfg, model, meta=meta)
     return out

@@ -9,7 +9,7 @@ Seeds: ``train.seed`` is split into independent streams with :class:`numpy.rando
 model initialisation, stream 1 the data (lengths and strings), stream 2 the global torch RNG (dropout). Changing the
 model therefore never changes the data a seed sees.
 
-Run directory::
+Run directory (file names in :mod:`regulargpt.run_files`)::
 
     DIR/config.resolved.json   the resolved config (compared on resume; a different config is an error)
     DIR/metrics.jsonl          {"step", "loss", "acc", "lr", "length", "seconds"} every train.log_every steps
@@ -48,18 +48,15 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
-from regulargpt.evaluation.formal import held_out_score
+from regulargpt.evaluation.formal_scoring import held_out_score
 from regulargpt.files import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
+from regulargpt.run_files import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, PREV_CKPT_FILE, SOLVE_FILE
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
 
-__all__ = ["CKPT_FILE", "CONFIG_FILE", "METRICS_FILE", "MODEL_FILE", "SOLVE_FILE", "SolveCheck", "formal_task",
-           "seed_stream", "train_formal"]
+__all__ = ["SolveCheck", "formal_task", "seed_stream", "train_formal"]
 
-CKPT_FILE, MODEL_FILE, CONFIG_FILE, METRICS_FILE = "ckpt.pt", "model.pt", "config.resolved.json", "metrics.jsonl"
-SOLVE_FILE = "time_to_solve.jsonl"
-PREV_CKPT_FILE = "ckpt.prev.pt"
 _CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")  # + cpu_seconds (optional)
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
 _RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumption
@@ -68,9 +65,9 @@ _RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumpt
 @dataclass(frozen=True)
 class SolveCheck:
     """Time-to-solve: every `every` steps, the held-out score (mean accuracy over `lengths`, `samples` fixed strings
-    each, :func:`~regulargpt.evaluation.formal.held_out_score`) is logged with the training seconds so far (checks
-    excluded). The first check at >= `threshold` is the time to solve. The check reads the model only: training
-    with and without it is identical (tested)."""
+    each, :func:`~regulargpt.evaluation.formal_scoring.held_out_score`) is logged with the training seconds so far
+    (checks excluded). The first check at >= `threshold` is the time to solve. The check reads the model only:
+    training with and without it is identical (tested)."""
 
     every: int = 100
     lengths: tuple[int, ...] = tuple(range(41, 501, 51))  # 41, 92, …, 500

@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from regulargpt.config import Config, load_config_dict
-from regulargpt.evaluation.formal import range_score, read_rows
-from regulargpt.evaluation.formal_sweep import RANGE_FILE, SWEEP_FILE, Profile, RunSpec, recipe_id
+from regulargpt.evaluation.formal_scoring import range_score, read_rows
+from regulargpt.experiments.formal_sweep import Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
-from regulargpt.train.formal import CONFIG_FILE, MODEL_FILE
+from regulargpt.run_files import CONFIG_FILE, MODEL_FILE, RANGE_FILE, SWEEP_FILE
 
 __all__ = ["FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
 

@@ -1,0 +1,316 @@
+"""Formal-language length extrapolation: range evaluation, sweeps, and the Table 1 / Table 2 reports.
+
+Subcommands (each resumable; rerun the same command to continue)::
+
+    # accuracy at every length 1..500 (512 sequences each) of one trained run; prints the score over 41..500
+    python eval/formal.py range --run runs/parity-c2 --out runs/parity-c2/range.jsonl
+    python eval/formal.py range --run runs/parity-c2 --p-one 0.3 --lengths 1-40,41-500:20 --out /tmp/p03.jsonl
+
+    # tasks x models x seeds x learning rates, trained and evaluated under a profile (configs/formal/profiles/)
+    python eval/formal.py sweep --profile quick --out results/formal/runs
+    python eval/formal.py sweep --profile paper --tasks parity_check --models regular_gpt_c2 --seeds 0 1 --lrs 3e-4
+
+    # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs
+    python eval/formal.py aggregate --runs results/formal/runs --profile quick
+
+    # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
+    python eval/formal.py time-to-solve --profile cpu --threads 1 --out results/formal/time_to_solve_t1.md
+
+    # step counts from pilot runs: the step from which training batches stay >= 0.99, and 1.6x it
+    python eval/formal.py pilot-steps --runs /tmp/pilot/tomita_3-s0 /tmp/pilot/dyck_2-s0
+
+    # one long run per seed (Modular Arithmetic: the authors trained 1M steps), seeds in turn in slices of 1,000
+    # steps, the held-out score every 500; the report is rewritten after every slice; stop any time, rerun to go on
+    python eval/formal.py long-run --task modular_arithmetic_5 --steps 100000 --hours 1 \
+        --out results/formal/modular_arithmetic_5_long.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from regulargpt.checkpoint import load_model_file
+from regulargpt.cli import run
+from regulargpt.evaluation.formal_scoring import (
+    RangeEvalError,
+    check_lengths,
+    parse_lengths,
+    range_evaluate,
+    range_score,
+)
+from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
+from regulargpt.experiments.formal_tables import write_tables
+from regulargpt.run_files import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
+from regulargpt.tasks import make_task
+
+
+def cmd_range(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    cfg, model, _ = load_model_file(Path(args.run) / MODEL_FILE)
+    if cfg.model.head != "classifier" or not cfg.data.task:
+        raise RangeEvalError(f"--run {args.run}: its {MODEL_FILE} is a language model (model.head={cfg.model.head!r}, "
+                             f"data.task={cfg.data.task!r}), not a formal-language classifier; evaluate it with "
+                             f"`python eval/extrapolate.py --runs {args.run} --out DIR`")
+    options = dict(cfg.data.task_options)
+    if args.p_one is not None:
+        options["p_one"] = args.p_one
+    task = make_task(cfg.data.task, **options)
+    max_length = args.max_length or cfg.eval.max_length
+    samples = args.samples or cfg.eval.samples_per_length
+    lengths = parse_lengths(args.lengths, max_length)
+    check_lengths(cfg.model, lengths, args.run)
+    rows = range_evaluate(model, task, lengths, samples, args.out, progress=cfg.logging.progress)
+    lo = cfg.eval.score_min_length
+    scored = [t for t in rows if lo <= t <= max_length]
+    print(f"score (mean accuracy over {len(scored)} evaluated lengths in {lo}..{max_length}, {samples} sequences "
+          f"each): {range_score(rows, lo, max_length):.4f}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile, args.configs)
+    specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=args.tasks, models=args.models,
+                      seeds=args.seeds, lrs=args.lrs, sets=args.set)
+    print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
+          f"thread(s))", flush=True)
+    results = run_sweep(specs, workers=args.workers, threads=args.threads)
+    failed = [r for r in results if r["error"]]
+    print(f"done: {len(results) - len(failed)} runs finished now, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile, args.configs)
+    specs = plan_runs(profile, args.runs, configs_dir=args.configs)
+    paths = write_tables(args.runs, profile, args.out_dir, specs=specs,
+                         command=["python", "eval/formal.py", *sys.argv[1:]])
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_time_to_solve(args: argparse.Namespace) -> int:
+    """Train the profile's runs of one model with a SolveCheck (training unchanged) and tabulate the first step and
+    training second at which the held-out score reached the threshold."""
+    import shlex
+
+    from regulargpt.files import atomic_write_text, read_jsonl
+    from regulargpt.provenance import provenance
+    from regulargpt.train.formal_trainer import SolveCheck, train_formal
+
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, args.configs)
+    runs = Path(args.runs) / f"threads{args.threads}"
+    specs = plan_runs(profile, runs, configs_dir=args.configs, tasks=args.tasks, models=[args.model],
+                      seeds=args.seeds)
+    check = SolveCheck(every=args.every)
+    lines = ["| task | seed | solved at step | training wall s | training CPU s | score at the end | steps |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for spec in specs:
+        path = train_formal(spec.cfg, spec.run_dir, solve_check=check)
+        meta = load_model_file(path)[2]
+        checks = read_jsonl(spec.run_dir / SOLVE_FILE)
+        cpu = meta.get("solved_cpu_seconds")  # None for runs trained before it was recorded
+        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f} | " + ("—" if cpu is None else f"{cpu:.1f}")
+                  if meta.get("solved_step") else "not solved | — | —")
+        lines.append(f"| {spec.task_id} | {spec.seed} | {solved} | {checks[-1]['score']:.3f} | {spec.cfg.train.steps} |")
+        print(lines[-1], flush=True)
+    command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    prov = provenance(command)
+    head = [f"# Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", "",
+            f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
+            f"- Date: {prov['date']}", "",
+            f"Every {check.every} steps the held-out score (mean accuracy at lengths "
+            f"{', '.join(map(str, check.lengths))}; {check.samples} fixed strings each) is measured without changing "
+            f"training; *solved* = the first check at >= {check.threshold}. Training seconds (wall, and CPU of the "
+            f"process: all its threads) exclude the checks; on a loaded machine wall > CPU / threads. "
+            f"Runs in `{runs}` (resumable).", ""]
+    if args.out:
+        atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_long_run(args: argparse.Namespace) -> int:
+    """Train the profile's TASK/MODEL run of every seed to --steps (the profile's recipe otherwise), in slices of
+    --slice steps with the seeds in turn, so that every seed's curve grows together; a SolveCheck every --every steps
+    records the held-out score without changing training. After every slice (and with --report-only) the report
+    (markdown + PNG beside it) is rewritten from the runs' time_to_solve.jsonl."""
+    import shlex
+    import time
+
+    from regulargpt.evaluation.formal_long_run import curve_table, plot_curves, standing_lines
+    from regulargpt.provenance import provenance
+    from regulargpt.files import atomic_write_text, read_jsonl
+    from regulargpt.train.formal_trainer import SolveCheck, train_formal
+
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, args.configs)
+    specs = plan_runs(profile, args.runs, configs_dir=args.configs, tasks=[args.task], models=[args.model],
+                      seeds=args.seeds, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
+    check = SolveCheck(every=args.every)
+    command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out = Path(args.out)
+
+    def report() -> None:
+        curves = {spec.seed: read_jsonl(spec.run_dir / SOLVE_FILE) for spec in specs}
+        cfg = specs[0].cfg
+        prov = provenance(command)
+        title = f"{args.task}: long {args.model} runs"
+        plot_curves(curves, out.with_suffix(".png"), title)
+        lines = [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
+                 f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+                 f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
+                 f"Adam, constant lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, one length per batch from "
+                 f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
+                 f"{args.slice:,} (seeds in turn; the slices equal one uninterrupted run). Every {check.every} steps "
+                 f"the held-out score: mean accuracy at lengths {', '.join(map(str, check.lengths))}, "
+                 f"{check.samples} fixed strings each (chance depends on the task: 1/{cfg.model.num_classes} for "
+                 f"balanced classes). Runs in `{args.runs}` (resumable: rerun the command).", "",
+                 "## Where it stands", "", *standing_lines(curves, args.steps), "",
+                 "## Held-out score against steps", "", f"![curves]({out.with_suffix('.png').name})", "",
+                 *curve_table(curves, args.every_row)]
+        atomic_write_text(out, "\n".join(lines) + "\n")
+
+    if args.report_only:
+        report()
+        print(f"wrote {out}")
+        return 0
+    deadline = time.monotonic() + args.hours * 3600 if args.hours else None
+    stop = 0
+    while stop < args.steps:
+        stop = min(stop + args.slice, args.steps)
+        for spec in specs:
+            train_formal(spec.cfg, spec.run_dir, solve_check=check, stop_at=stop)
+        report()
+        print(f"step {stop:,}: wrote {out}", flush=True)
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"--hours {args.hours:g} reached; rerun the same command to continue", flush=True)
+            break
+    return 0
+
+
+def cmd_pilot_steps(args: argparse.Namespace) -> int:
+    """Per pilot run: its task, steps trained, the stable step and the recommended step count (a markdown table on
+    stdout; with --out also a file headed by the command, commit, machine and date)."""
+    import shlex
+
+    from regulargpt.evaluation.formal_pilots import recommended_steps, stable_step
+    from regulargpt.files import atomic_write_text, read_json_object, read_jsonl
+    from regulargpt.provenance import provenance
+
+    lines = ["| pilot | task | steps trained | stable from step | recommended steps |", "|---|---|---:|---:|---:|"]
+    for run_dir in map(Path, args.runs):
+        rows = read_jsonl(run_dir / METRICS_FILE)
+        if not rows:
+            lines.append(f"| {run_dir.name} | — | 0 | not started | — |")
+            continue
+        data = read_json_object(run_dir / CONFIG_FILE)["data"]
+        task = data["task"] + "".join(f" {k}={v}" for k, v in sorted(data.get("task_options", {}).items()))
+        stable = stable_step(rows, args.threshold)
+        advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None
+                  else "not stable | more than the pilot's steps")
+        lines.append(f"| {run_dir.name} | {task} | {rows[-1]['step']:,} | {advice} |")
+    print("\n".join(lines))
+    if args.out:
+        prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+        head = ["# Step counts from pilot runs", "", f"- Command: `{prov['command']}`",
+                f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+                f"*Stable from step*: the first logged step (every `log_every` steps, each batch one length from the "
+                f"training range) from which every logged training batch has accuracy >= {args.threshold}; "
+                f"*recommended*: {args.factor:g} x that, rounded up to 100 "
+                f"(regulargpt/evaluation/formal_pilots.py). Held-out lengths never choose a step count.", ""]
+        atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("range", help="per-length accuracy of one run (JSONL), and its score")
+    p.add_argument("--run", required=True, help="run directory holding model.pt, e.g. runs/parity-c2")
+    p.add_argument("--out", required=True, help="JSONL file; lengths already in it are skipped, e.g. DIR/range.jsonl")
+    p.add_argument("--max-length", type=int, default=0, help="longest length (0 = the run's eval.max_length, 500)")
+    p.add_argument("--samples", type=int, default=0, help="sequences per length (0 = eval.samples_per_length, 512)")
+    p.add_argument("--lengths", default="", help="length spec, e.g. 1-40,41-500:20 (default: every length)")
+    p.add_argument("--p-one", type=float, default=None, help="parity_check: evaluate at this P(1), e.g. 0.3")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.set_defaults(func=cmd_range)
+
+    p = sub.add_parser("sweep", help="train + range-evaluate tasks x models x seeds x lrs (skips finished runs)")
+    p.add_argument("--profile", required=True, help="profile name (configs/formal/profiles/NAME.json) or path")
+    p.add_argument("--out", default="results/formal/runs", help="runs folder (default results/formal/runs)")
+    p.add_argument("--tasks", nargs="+", help="task configs, e.g. parity_check even_pairs (default: the profile's)")
+    p.add_argument("--models", nargs="+", help="model presets, e.g. regular_gpt_c2 lstm (default: the profile's)")
+    p.add_argument("--seeds", nargs="+", type=int, help="seeds, e.g. 0 1 2 (default: the profile's)")
+    p.add_argument("--lrs", nargs="+", type=float, help="learning rates for every run, e.g. 1e-3 (default: profile)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every run, e.g. --set train.log_every=50 (repeatable)")
+    p.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
+    p.add_argument("--runs", default="results/formal/runs", help="runs folder of the sweep")
+    p.add_argument("--profile", required=True, help="profile whose runs are tabulated, e.g. quick")
+    p.add_argument("--out-dir", default="results/formal", help="where the tables go (default results/formal)")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("time-to-solve", help="training seconds until the held-out score first reaches 0.99")
+    p.add_argument("--profile", default="cpu", help="profile giving each task's config (default cpu)")
+    p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
+    p.add_argument("--tasks", nargs="+", default=["parity_check", "even_pairs", "cycle_navigation"],
+                   help="tasks (default parity_check even_pairs cycle_navigation)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--every", type=int, default=100, help="steps between held-out checks (default 100)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--runs", default="runs/time_to_solve", help="runs folder (default runs/time_to_solve)")
+    p.add_argument("--out", help="markdown report, e.g. results/formal/time_to_solve_t1.md")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_time_to_solve)
+
+    p = sub.add_parser("pilot-steps", help="step counts from pilot runs' training-batch accuracy")
+    p.add_argument("--runs", nargs="+", required=True, help="pilot run directories (metrics.jsonl logged)")
+    p.add_argument("--threshold", type=float, default=0.99, help="training-batch accuracy (default 0.99)")
+    p.add_argument("--factor", type=float, default=1.6, help="margin over the stable step (default 1.6)")
+    p.add_argument("--out", help="also write the table with its provenance, e.g. results/formal/pilot_steps.md")
+    p.set_defaults(func=cmd_pilot_steps)
+
+    p = sub.add_parser("long-run", help="one long run per seed, trained in slices; held-out score vs steps")
+    p.add_argument("--task", default="modular_arithmetic_5", help="task config (default modular_arithmetic_5)")
+    p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
+    p.add_argument("--profile", default="cpu", help="profile giving the recipe (default cpu)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--steps", type=int, default=100_000, help="target steps per seed (default 100000)")
+    p.add_argument("--slice", type=int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
+    p.add_argument("--every", type=int, default=500, help="steps between held-out checks (default 500)")
+    p.add_argument("--every-row", type=int, default=1000, help="steps between report table rows (default 1000)")
+    p.add_argument("--hours", type=float, default=0.0, help="stop after the slice that passes this many hours "
+                                                           "(default 0: run to --steps)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--runs", default="runs/formal_long", help="runs folder (default runs/formal_long)")
+    p.add_argument("--out", default="results/formal/modular_arithmetic_5_long.md", help="markdown report (PNG beside)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the report from the runs so far")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_long_run)
+
+    args = parser.parse_args(argv)
+    for flag, low in (("every", 1), ("slice", 1), ("steps", 1), ("every_row", 1), ("max_length", 0), ("samples", 0),
+                      ("threads", 1), ("workers", 1), ("hours", 0)):
+        value = getattr(args, flag, low)  # not every subcommand has every flag
+        if value < low:
+            parser.error(f"--{flag.replace('_', '-')} {value}: expected a number >= {low}")
+    return args.func(args)
+
+
+def console() -> NoReturn:
+    """The ``regulargpt-formal`` console script: :func:`main` under :func:`regulargpt.cli.run`."""
+    run(main)

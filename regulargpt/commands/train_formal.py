@@ -1,0 +1,54 @@
+"""Train one formal-language classifier (Adam, clipping, constant LR, one length per batch); resumes automatically.
+
+Example::
+
+    python launch/train_formal.py --config configs/formal/parity_check.json \\
+        --set train.steps=2000 --set train.lr=1e-3 --run-dir runs/parity-c2
+
+Writes DIR/config.resolved.json, DIR/metrics.jsonl, DIR/ckpt.pt and finally DIR/model.pt (see
+regulargpt/train/formal_trainer.py). Evaluate with ``python eval/formal.py range --run DIR --out DIR/range.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+import torch
+
+from regulargpt.cli import run
+from regulargpt.config import ConfigError, load_config
+from regulargpt.train.formal_trainer import SolveCheck, formal_task, train_formal
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="task config, e.g. configs/formal/parity_check.json")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set model.chunk_size=3 (repeatable)")
+    parser.add_argument("--run-dir", required=True, help="run directory; an existing run in it is resumed")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default), e.g. 1")
+    parser.add_argument("--time-to-solve", type=int, nargs="?", const=100, default=0, metavar="EVERY",
+                        help="every EVERY steps (default 100) log the held-out score on lengths 41, 92, …, 500 (64 "
+                             "strings each) to DIR/time_to_solve.jsonl; training is unchanged. e.g. --time-to-solve")
+    args = parser.parse_args(argv)
+    if args.threads < 0:  # a UserError (one `error:` line, exit 2), before torch.set_num_threads could fail
+        raise ConfigError(f"--threads {args.threads}: expected an integer >= 0 (0 = torch's default)")
+    if args.time_to_solve < 0:
+        raise ConfigError(f"--time-to-solve {args.time_to_solve}: expected an integer >= 1 (steps)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = load_config(args.config, args.set)
+    try:
+        formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
+    except ConfigError as err:
+        raise ConfigError(f"{args.config}: {err}") from None
+    check = SolveCheck(every=args.time_to_solve) if args.time_to_solve else None
+    path = train_formal(cfg, args.run_dir, solve_check=check)
+    print(f"model: {path}")
+    return 0
+
+
+def console() -> NoReturn:
+    """The ``regulargpt-train-formal`` console script: :func:`main` under :func:`regulargpt.cli.run`."""
+    run(main)

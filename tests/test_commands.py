@@ -1,0 +1,65 @@
+"""The console scripts (setup.py) and the thin scripts in launch/ and eval/ run the same commands."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, load_script
+
+# console script → the documented script that wraps the same `main`
+WRAPPERS = {
+    "regulargpt-pretrain": "launch/pretrain.py",
+    "regulargpt-train-formal": "launch/train_formal.py",
+    "regulargpt-extrapolate": "eval/extrapolate.py",
+    "regulargpt-generate": "launch/generate.py",
+    "regulargpt-formal": "eval/formal.py",
+    "regulargpt-export": "launch/export.py",
+    "regulargpt-submit": "launch/submit.py",
+}
+
+
+def _console_scripts() -> dict[str, str]:
+    """name → "module:function", read from setup.py's source (not from an installed distribution)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    entry_points = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "entry_points"))
+    pairs = (line.split("=") for line in entry_points["console_scripts"])
+    return {name.strip(): target.strip() for name, target in pairs}
+
+
+def _resolve(target: str) -> Callable[[], object]:
+    module, _, attr = target.partition(":")
+    function: Callable[[], object] = getattr(importlib.import_module(module), attr)
+    return function
+
+
+def test_every_console_script_resolves_to_a_callable() -> None:
+    scripts = _console_scripts()
+    assert set(scripts) == set(WRAPPERS)
+    for name, target in scripts.items():
+        assert callable(_resolve(target)), f"{name} = {target}"
+
+
+def test_each_documented_script_wraps_the_main_of_its_console_script() -> None:
+    for name, target in _console_scripts().items():
+        module = target.partition(":")[0]
+        assert load_script(WRAPPERS[name]).main is importlib.import_module(module).main, name
+
+
+def test_a_console_script_reports_a_user_error_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    console = _resolve(_console_scripts()["regulargpt-train-formal"])
+    monkeypatch.setattr(sys, "argv", ["regulargpt-train-formal", "--config", str(tmp_path / "no_such_config.json"),
+                                      "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as exit_info:
+        console()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "no_such_config.json" in err
+    assert not (tmp_path / "run").exists()
