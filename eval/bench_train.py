@@ -41,7 +41,7 @@ _WORKER = textwrap.dedent(
     from regulargpt.config import load_config
     from regulargpt.model import build_model, adaptive_depth
     path, steps, warmup, batch, threads, dtype = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
-    overrides, device = json.loads(sys.argv[7]), sys.argv[8]
+    overrides, device, compile_model = json.loads(sys.argv[7]), sys.argv[8], sys.argv[9] == "1"
     cuda = device == "cuda"
     def sync():
         if cuda:
@@ -50,6 +50,8 @@ _WORKER = textwrap.dedent(
     torch.manual_seed(0)
     cfg = load_config(path, overrides)
     model = build_model(cfg.model).to(device)
+    if compile_model:
+        model.compile()  # as train.compile; the warm-up steps compile
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     t, vocab = cfg.data.seq_len, cfg.model.vocab_size
     amp = dtype == "bf16"
@@ -81,7 +83,8 @@ _WORKER = textwrap.dedent(
     tok_s = batch * t / seconds
     print(json.dumps({"config": path + "".join(" --set " + o for o in overrides), "model": m.architecture + ("" if m.architecture == "regular_gpt" else "/" + m.position),
                       "T": t, "batch": batch, "layer_applications": apps, "params": model.num_parameters(),
-                      "step_s": seconds, "fwd_bwd_s": fwd_bwd_s, "optimizer_s": optimizer_s, "tokens_per_s": tok_s, "flops_per_token": model.flops_per_token(t),
+                      "step_s": seconds, "fwd_bwd_s": fwd_bwd_s, "optimizer_s": optimizer_s, "tokens_per_s": tok_s,
+                      "flops_per_token": model.flops_per_token(t),
                       "peak_memory_mib": memory_mib}))
     """
 )
@@ -107,6 +110,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the attention runs FlexAttention (algorithm auto); memory = peak allocated")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile every model (nn.Module.compile, as train.compile) before its warm-up steps")
     parser.add_argument("--rounds", type=int, default=2,
                         help="run the whole list this many times and keep each model's fastest round, so that a slow "
                              "spell of a shared machine does not land on one model only (default: 2)")
@@ -122,7 +127,7 @@ def main() -> None:
         batch = args.base_batch if big else args.batch
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         cmd = [sys.executable, "-c", _WORKER, path, str(args.steps), str(args.warmup), str(batch), str(args.threads),
-               args.dtype, json.dumps(overrides), args.device]
+               args.dtype, json.dumps(overrides), args.device, "1" if args.compile else "0"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"{path}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
@@ -154,7 +159,7 @@ def main() -> None:
         return f"{ref['tokens_per_s'] / row['tokens_per_s']:.2f}" if ref else "-"
 
     lines = [
-        f"# Training throughput ({args.dtype} autocast, AdamW, plain torch step)",
+        f"# Training throughput ({args.dtype} autocast, AdamW, plain torch step{', compiled' if args.compile else ''})",
         "",
         f"Command: `python {' '.join(sys.argv)}`  ",
         f"Git commit: {git_commit()}  ",
@@ -166,8 +171,8 @@ def main() -> None:
         "Peak memory: RSS (VmHWM) on CPU, allocated on CUDA. "
         "'RegularGPT / this' = RegularGPT's tokens/s over this model's (the RegularGPT row of the same config). "
         "'equal' says what the baseline shares with RegularGPT: `applications` = as many layers as RegularGPT's "
-        "K·ceil(log_C T) layer applications (the same work per token, ceil(log_C T)× its layer weights: AdamW updates "
-        "that many more parameters); `parameters` = K layers (its weights, 1/ceil(log_C T) of its work). Step = "
+        "K·ceil(log_C T) layer applications (the same work per token, ceil(log_C T)× its layer weights: AdamW "
+        "updates that many more parameters); `parameters` = K layers (its weights, 1/ceil(log_C T) of its work). Step = "
         "forward + backward (with zero_grad) + optimizer step, each timed on its own.",
         "",
         "| config | model | equal | T | batch | layer applications | params | step (s) | fwd+bwd (s) | optimizer (s) "

@@ -4,7 +4,10 @@ applications, torch.profiler, op counts and the top ops by self time.
 One step = forward (bf16 autocast by default, as `eval/bench_train.py`), cross-entropy, backward, AdamW. Per model:
 the best wall time of `--repeats` unprofiled steps (interleaved between the models, so both see the same machine
 load), then `--steps` profiled steps; "ops per step" counts every `aten::` call the profiler records (nested calls
-included, e.g. `aten::linear` and the `aten::addmm` inside it are two) divided by the steps.
+included, e.g. `aten::linear` and the `aten::addmm` inside it are two) divided by the steps. Step times are CPU time
+of this process (`time.process_time`, one torch thread): on a shared machine it leaves out the time spent waiting
+for a core, which wall time does not. `--compile` compiles both models (`nn.Module.compile`, as `train.compile`)
+and reports their step times (the profile tables are then of the compiled code).
 
     python eval/profile_small_t.py --out results/profile_small_t.md
     python eval/profile_small_t.py --config configs/tiny/regular_gpt.json --baselines alibi --dtype fp32
@@ -16,6 +19,7 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,11 +35,14 @@ from regulargpt.io import atomic_write_text  # noqa: E402
 from regulargpt.model import adaptive_depth, build_model  # noqa: E402
 
 
-def make_step(config: str, overrides: list[str], batch: int, amp: bool):  # noqa: ANN201  (a closure)
+def make_step(config: str, overrides: list[str], batch: int, amp: bool,
+              compile_model: bool = False) -> tuple[Callable[[], None], str, int]:
     """(training-step closure, label, parameter count) for the config with `overrides` (`section.key=value`)."""
     torch.manual_seed(0)
     cfg = load_config(config, overrides)
     model = build_model(cfg.model)
+    if compile_model:
+        model.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     t, vocab = cfg.data.seq_len, cfg.model.vocab_size
     tokens = torch.randint(0, vocab, (batch, t + 1))
@@ -63,6 +70,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="unprofiled timed steps per model (default: 20)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps per model (default: 3)")
     parser.add_argument("--top", type=int, default=12, help="ops listed per model (default: 12)")
+    parser.add_argument("--compile", action="store_true", help="compile both models first (nn.Module.compile)")
     parser.add_argument("--out", type=Path, default=Path("results/profile_small_t.md"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -70,34 +78,36 @@ def main() -> None:
 
     cfg = load_config(args.config)
     apps = cfg.model.thickness * adaptive_depth(cfg.data.seq_len, cfg.model.chunk_size)
-    models = [make_step(args.config, [], args.batch, amp)]
+    models = [make_step(args.config, [], args.batch, amp, args.compile)]
     for position in filter(None, args.baselines.split(",")):
         models.append(make_step(args.config, ["model.architecture=transformer", f"model.position={position}",
-                                              f"model.n_layers={apps}"], args.batch, amp))
+                                              f"model.n_layers={apps}"], args.batch, amp, args.compile))
     for step, _, _ in models:  # warm-up
         step()
         step()
     best = [float("inf")] * len(models)
     for _ in range(args.repeats):  # interleaved: every model sees the same spells of machine load
         for i, (step, _, _) in enumerate(models):
-            start = time.perf_counter()
+            start = time.process_time()
             step()
-            best[i] = min(best[i], time.perf_counter() - start)
+            best[i] = min(best[i], time.process_time() - start)
 
     prov = provenance(shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]))
     lines = [
-        f"# One training step at T = {cfg.data.seq_len}: where the time goes ({args.dtype} autocast, AdamW)",
+        f"# One training step at T = {cfg.data.seq_len}: where the time goes ({args.dtype} autocast, AdamW"
+        f"{', compiled' if args.compile else ''})",
         "",
         f"Command: `{prov['command']}`  ",
         f"Git commit: {prov['commit']}  ",
         f"Machine: {prov['machine']}, torch threads {args.threads}  ",
         f"Date: {prov['date']}  ",
         f"Config {args.config}, batch {args.batch}; the dense baselines have {apps} layers (RegularGPT's layer "
-        f"applications K·ceil(log_C T)). Step = best of {args.repeats} unprofiled steps, interleaved between the "
-        f"models; ops = `aten::` calls recorded by torch.profiler (nested calls counted too) per step, mean of "
-        f"{args.steps} profiled steps.",
+        f"applications K·ceil(log_C T)). Step = CPU time of the best of {args.repeats} unprofiled steps, "
+        "interleaved between the models; ops = `aten::` calls recorded by torch.profiler (nested calls counted too) "
+        f"per step, mean of {args.steps} profiled steps.",
         "",
-        "| model | params | step (ms) | ops per step | profiled CPU time per step (ms) |",
+        "| model | params | step, CPU time (ms) | ops per step "
+        "| profiler self time per step (ms, wall clock: includes waits for a core) |",
         "|---|---|---|---|---|",
     ]
     tables = []
