@@ -177,6 +177,10 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     zero_stage: int = 0
     activation_checkpointing: bool = False
+    # torch.compile the model in place (nn.Module.compile: same module, names and state dict) before DeepSpeed wraps
+    # it. Off by default: measured on this CPU (docs/PERFORMANCE.md, "torch.compile") it costs ~20-90 CPU-seconds
+    # of compilation per run and shape.
+    compile: bool = False
     log_every: int = 10
     eval_every: int = 0  # validation every N steps; 0 = only at the end
     eval_batches: int = 8

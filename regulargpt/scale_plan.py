@@ -31,9 +31,11 @@ plus attention:
   2d·(N+C−1)/N, fp32 probabilities 4·H·C;
 * RegularGPT ``blocked`` (CPU, larger C): q d, keys and values of two blocks 4d, probabilities H·2C in fp32 and b;
 * RegularGPT ``flex`` (CUDA; FlexAttention's saved q, k, v, out and log-sum-exp, not measured here): 4d + 4H/b;
-* dense with a bias (ALiBi): the qkv output 3d, and per head the fp32 and b probabilities and a bool mask of every
-  query chunk against its visible keys: Σ_chunks c·end ≈ T²/2 per sequence — O(T²) stored for training whatever
-  the chunking (chunking bounds only the transient score block);
+* dense with a bias (ALiBi): the qkv output 3d, and per head the fp32 and b probabilities of every query chunk
+  against its visible keys: Σ_chunks c·end ≈ T²/2 per sequence — O(T²) stored for training whatever the chunking
+  (chunking bounds only the transient score block). In fp32 a fixed bias runs SDPA's flash kernel instead, which
+  saves q, k, v and its log-sum-exp per layer (its output is the output projection's input) and, once per pass, the masked fp32 bias blocks the layers
+  share (H·Σ_chunks c·end·4 bytes: still O(T²), but once, not per layer);
 * dense without a bias (NoPE, sinusoidal: ``scaled_dot_product_attention``): qkv 3d and the fp32 log-sum-exp.
 
 RegularGPT's depth is L = ceil(log_C T), so at a fixed depth its activations are linear in T: O(T·C) attention
@@ -168,7 +170,11 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
     if cfg.architecture == "transformer":
         if cfg.position in ("alibi",):
             rows = _dense_score_elements(batch, cfg, length)
-            per_layer = 3 * d * b * tokens + batch * rows * h * probs + rows  # the bool mask: one per chunk
+            if b >= 4:  # fp32: SDPA's flash kernel with the shared fp32 bias blocks as its mask (saved once)
+                per_layer = (3 * d * b + 4 * h) * tokens  # qkv and the log-sum-exp (the output is the out-proj input)
+                shared = h * rows * 4
+                return [float(per_layer + shared)] + [float(per_layer)] * (cfg.n_layers - 1)
+            per_layer = 3 * d * b * tokens + batch * rows * h * probs  # bf16: the explicit path's probabilities
         else:  # scaled_dot_product_attention: q, k, v (one qkv tensor) and the fp32 log-sum-exp
             per_layer = (3 * d * b + 4 * h) * tokens
         return [float(per_layer)] * cfg.n_layers

@@ -59,6 +59,7 @@ def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
         ({"train": {"lr": float("nan")}}, r"train\.lr: nan is not allowed; expected a finite number"),
         ({"train": {"eps": -1e-8}}, r"train\.eps: -1e-08 is not allowed; expected a number > 0"),
         ({"train": {"dist_timeout_s": 0}}, r"train\.dist_timeout_s: 0\.0 is not allowed; expected a number > 0"),
+        ({"train": {"compile": "yes"}}, r"train\.compile: 'yes'"),
         ({"train": {"beta1": 1.0}}, r"train\.beta1: 1\.0 is not allowed; expected a number in \[0, 1\)"),
         ({"train": {"precision": "bf16"}, "deepspeed": {"bf16": {"enabled": False}}},
          r"deepspeed\.bf16\.enabled: False contradicts train\.precision='bf16'"),

@@ -159,8 +159,9 @@ def estimate_memory(cfg: ModelConfig, length: int, batch: int, params: int) -> i
     Per token (fp32): residual, normed input, q/k/v, attention output and FFN hidden (twice, around the activation)
     ≈ (2·ffn_mult + 8)·d values; logits, log-softmax and loss ≈ 3·V. RegularGPT adds its folded band scores
     (~4·H·C). Dense models with an additive bias add their query-chunked score block (``attention_memory_mb``,
-    which shrinks its chunk as the batch grows, but holds at least one query row: 3·B·H·L fp32); bias-free dense
-    attention uses the fused kernel (no L×L block). Plus the fp32 weights, 4·params.
+    which shrinks its chunk as the batch grows, but holds at least one query row: 3·B·H·L fp32) and the bias blocks
+    shared by the layers (``dense_attention.CausalBias``: at most min(budget, 4·H·L²) bytes);
+    bias-free dense attention uses the fused kernel (no L×L block). Plus the fp32 weights, 4·params.
     """
     per_token = cfg.d_model * (2 * cfg.ffn_mult + 8) + 3 * cfg.vocab_size
     fixed = 0
@@ -168,7 +169,9 @@ def estimate_memory(cfg: ModelConfig, length: int, batch: int, params: int) -> i
         per_token += 4 * cfg.n_heads * cfg.chunk_size
     elif cfg.position in ATTENTION_BIASES:  # an additive bias: the query-chunked path, not the fused kernel
         block = 12 * batch * cfg.n_heads * length  # one query row of scores, probabilities and bias
-        fixed = max(min(cfg.attention_memory_mb << 20, block * length), block)
+        budget = cfg.attention_memory_mb << 20
+        fixed = max(min(budget, block * length), block)
+        fixed += min(budget, 4 * cfg.n_heads * length * length)
     return 4 * per_token * length * batch + fixed + 4 * params
 
 

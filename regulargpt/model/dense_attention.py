@@ -3,9 +3,24 @@
 out_m = Σ_{n <= m} softmax_n(q_m·k_n / sqrt(Dh) + b(m, n)) v_n
 
 Without a bias this is ``scaled_dot_product_attention(is_causal=True)`` (a fused kernel that never materialises
-T×T). With a bias, queries are processed in chunks of `chunk` rows: one chunk holds a (B, H, chunk, T) score block,
-so peak memory is O(B·H·chunk·T), never B·H·T·T at long evaluation lengths. Bias, scores and softmax run in fp32
-(fp64 for fp64 inputs); probabilities are cast back to the value dtype for the weighted sum.
+T×T). With a bias, queries are processed in chunks of `chunk` rows against a float mask (H, chunk, keys) = the bias
+plus −inf above the diagonal: peak memory O(B·H·chunk·T), never B·H·T·T at long evaluation lengths. The mask is
+fp32 (fp64 for fp64 inputs) whatever the input dtype, so with bf16 q/k/v the logits, bias and softmax stay fp32 and
+only the two products run in bf16. Per chunk, the faster of two exact paths measured here (eval/bench_train.py,
+docs/PERFORMANCE.md):
+
+* fp32/fp64 inputs and a mask that needs no gradient (ALiBi; any bias under ``torch.no_grad``):
+  ``scaled_dot_product_attention(attn_mask=mask)``, which on CPU runs the fused flash kernel (online softmax, no
+  score block stored); equal to the explicit path to rounding (fp32: ~5e-7 relative);
+* otherwise (a learned bias's gradient, which flash does not return; bf16, where the CPU flash kernel with an fp32
+  mask measured 1.4-4× slower): matmul, + mask, softmax in fp32, matmul: the previous implementation, bit for bit.
+
+:class:`CausalBias` computes each masked block once per forward pass and hands the same tensor to every layer
+(the bias is shared by all layers), as long as the blocks of one pass fit in ``memory_mb``: at the training length
+the bias, its mask and, for learned biases, its backward then run once per step instead of once per layer. Longer
+inputs compute each chunk's block in every layer, as before (bounded memory wins over reuse).
+
+Worked example (T = 4, one head, ALiBi slope 1/2): the mask row of query 2 is [−1, −1/2, 0, −inf].
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["causal_attention", "query_chunk_size"]
+__all__ = ["CausalBias", "causal_attention", "query_chunk_size"]
 
 BiasFn = Callable[[Tensor, Tensor], Tensor]  # (query positions (Tq,), key positions (Tk,)) -> (H, Tq, Tk) fp32
 
@@ -28,11 +43,57 @@ def query_chunk_size(batch: int, heads: int, length: int, memory_mb: int) -> int
     return max(1, min(length, (memory_mb << 20) // max(per_row, 1)))
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | None = None, memory_mb: int = 256) -> Tensor:
-    """Causal attention; k, v: (B, H, Tk, Dh), q: (B, H, Tq, Dh) for the LAST Tq positions (Tq = Tk: every
-    position; Tq = 1: only the last, which sees every key). `bias` maps positions to an (H, Tq, Tk) fp32 bias.
+class CausalBias:
+    """Masked bias blocks of one forward pass: block(a, b) = bias(a..b−1, 0..b−1) + (−inf where key > query).
+
+    :meth:`for_pass` computes the blocks a full pass will ask for up front, while their total size stays within the
+    budget, and every later :meth:`block` call returns the same tensors; any other block is computed on each call.
+    Up front, not on first use: a layer under activation checkpointing must save the same tensors in its forward and
+    in its recomputation. Create one per forward pass: the blocks hold the bias of that pass's parameters (and, for a
+    learned bias, its autograd graph, so the layers' gradients meet in one bias backward).
+
+    >>> blocks = CausalBias(lambda qp, kp: -(qp[:, None] - kp[None, :]).float()[None])
+    >>> blocks.block(1, 3, torch.device("cpu"), torch.float32)[0].tolist()
+    [[-1.0, 0.0, -inf], [-2.0, -1.0, 0.0]]
     """
-    b, h, tq, dh = q.shape
+
+    def __init__(self, bias: BiasFn) -> None:
+        self.bias = bias
+        self._blocks: dict[tuple[int, int, torch.dtype, torch.device], Tensor] = {}
+
+    @classmethod
+    def for_pass(cls, bias: BiasFn, batch: int, heads: int, length: int, memory_mb: int, device: torch.device,
+                 dtype: torch.dtype) -> CausalBias:
+        """The blocks `causal_attention` asks for over `length` positions (its query chunks), memoised while their
+        total stays within memory_mb; `dtype`: the mask dtype, promote(q dtype, fp32)."""
+        blocks = cls(bias)
+        chunk, used = query_chunk_size(batch, heads, length, memory_mb), 0
+        for start in range(0, length, chunk):
+            stop = min(length, start + chunk)
+            used += heads * (stop - start) * stop * dtype.itemsize
+            if used > memory_mb << 20:
+                break
+            blocks._blocks[(start, stop, dtype, device)] = blocks.block(start, stop, device, dtype)
+        return blocks
+
+    def block(self, first: int, stop: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """(H, stop − first, stop): queries at positions first..stop−1 against keys 0..stop−1, in `dtype`."""
+        cached = self._blocks.get((first, stop, dtype, device))
+        if cached is not None:
+            return cached
+        keys = torch.arange(stop, device=device)
+        queries = keys[first:]
+        future = keys[None, :] > queries[:, None]  # (c, stop)
+        return self.bias(queries, keys).to(dtype).masked_fill(future, float("-inf"))  # (H, c, stop)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | CausalBias | None = None,
+                     memory_mb: int = 256) -> Tensor:
+    """Causal attention; k, v: (B, H, Tk, Dh), q: (B, H, Tq, Dh) for the LAST Tq positions (Tq = Tk: every
+    position; Tq = 1: only the last, which sees every key). `bias` maps positions to an (H, Tq, Tk) fp32 bias, or is
+    a :class:`CausalBias` shared by the layers of one forward pass.
+    """
+    b, h, tq, _ = q.shape
     tk = k.shape[2]
     first = tk - tq  # absolute position of the first query
     if bias is None:
@@ -40,18 +101,26 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | None = None
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         visible = torch.arange(tk, device=q.device)[None, :] <= torch.arange(first, tk, device=q.device)[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
-    sdt = torch.promote_types(q.dtype, torch.float32)
-    scale = 1.0 / math.sqrt(dh)
+    blocks = bias if isinstance(bias, CausalBias) else CausalBias(bias)
+    device = q.device.type
+    if torch.is_autocast_enabled(device):  # the products in the autocast dtype, as a matmul under autocast would
+        low = torch.get_autocast_dtype(device)
+        q, k, v = (x.to(low) for x in (q, k, v))
+    mask_dtype = torch.promote_types(q.dtype, torch.float32)
     chunk = query_chunk_size(b, h, tk, memory_mb)
-    positions = torch.arange(tk, device=q.device)
+    scale = 1.0 / math.sqrt(q.shape[-1])
     outs = []
-    for start in range(0, tq, chunk):
-        stop = min(tq, start + chunk)
-        end = first + stop  # keys 0..end−1 are visible to this chunk's last query
-        query_pos = positions[first + start:end]
-        scores = torch.matmul(q[:, :, start:stop], k[:, :, :end].transpose(-1, -2)).to(sdt) * scale  # (B, H, c, end)
-        scores = scores + bias(query_pos, positions[:end]).to(sdt)[None]
-        future = positions[:end][None, :] > query_pos[:, None]  # (c, end)
-        probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(v.dtype)
-        outs.append(torch.matmul(probs, v[:, :, :end]))  # (B, H, c, Dh)
-    return torch.cat(outs, dim=2)
+    # Outside autocast: it would cast the fp32 mask to bf16 (q, k, v already carry the autocast dtype).
+    with torch.autocast(device, enabled=False):
+        for start in range(0, tq, chunk):
+            stop = min(tq, start + chunk)
+            end = first + stop  # keys 0..end−1 are visible to this chunk's last query
+            mask = blocks.block(first + start, end, q.device, mask_dtype)  # (H, c, end)
+            if not mask.requires_grad and q.dtype.itemsize >= 4:  # fp32/fp64, fixed bias: the flash kernel
+                outs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :end], v[:, :, :end],
+                                                           attn_mask=mask[None]))  # (B, H, c, Dh)
+            else:  # a learned bias needs the mask's gradient; bf16: the explicit path measured faster
+                scores = torch.matmul(q[:, :, start:stop], k[:, :, :end].transpose(-1, -2)).to(mask_dtype) * scale
+                probs = (scores + mask[None]).softmax(-1).to(v.dtype)  # (B, H, c, end)
+                outs.append(torch.matmul(probs, v[:, :, :end]))  # (B, H, c, Dh)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
 from regulargpt.config import ModelConfig
-from regulargpt.model.dense_attention import causal_attention
-from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
+from regulargpt.model.dense_attention import CausalBias, causal_attention
+from regulargpt.model.layers import AttendFn, OutputHead, TokenEmbedding, TransformerLayer, init_weights
 from regulargpt.model.position import (
     ATTENTION_BIASES,
     LearnedPositions,
@@ -54,14 +56,15 @@ class _DenseTransformer(nn.Module):
             self.bias = ATTENTION_BIASES[cfg.position](cfg.n_heads)
         self.xl = XLRelativeAttention(cfg.d_model, cfg.n_heads, cfg.init_std) if cfg.position == "xl_relative" else None
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: CausalBias | None = None) -> Tensor:
+        """Attention of one layer; `bias`: the forward pass's shared bias blocks (default: this model's bias)."""
         if self.xl is not None:
             return self.xl(q, k, v, self.config.attention_memory_mb)
         if self.rotary is not None:
             t, tq = k.shape[2], q.shape[2]  # queries are the last tq positions
             q = self.rotary(q, torch.arange(t - tq, t, device=q.device))
             k = self.rotary(k, torch.arange(t, device=k.device))
-        return causal_attention(q, k, v, self.bias, self.config.attention_memory_mb)
+        return causal_attention(q, k, v, self.bias if bias is None else bias, self.config.attention_memory_mb)
 
     def encode(self, tokens: Tensor, last_only: bool = False) -> Tensor:
         """tokens (B, T) → final hidden states (B, T, d), before the head; with `last_only`, (B, 1, d) for the last
@@ -72,9 +75,14 @@ class _DenseTransformer(nn.Module):
             x = x + sinusoidal_table(torch.arange(t, device=tokens.device), self.config.d_model).to(x.dtype)
         elif self.learned_positions is not None:
             x = x + self.learned_positions(t).to(x.dtype)
+        attend: AttendFn = self._attend
+        if self.bias is not None:  # one set of bias blocks for every layer of this pass (dense_attention.CausalBias)
+            blocks = CausalBias.for_pass(self.bias, x.shape[0], self.config.n_heads, t, self.config.attention_memory_mb,
+                                         x.device, torch.promote_types(x.dtype, torch.float32))
+            attend = partial(self._attend, bias=blocks)
         for i, layer in enumerate(self.layers):
             last = last_only and i == len(self.layers) - 1
-            x = layer(x, self._attend, slice(t - 1, None) if last else None)
+            x = layer(x, attend, slice(t - 1, None) if last else None)
         return x
 
     def num_parameters(self) -> int:

@@ -309,6 +309,8 @@ def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, A
 
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model)
+    if cfg.train.compile:  # in place: parameters, module names and the state dict are unchanged
+        model.compile()
     groups, names = param_groups(model, cfg.train.weight_decay)
     t = cfg.train
     optimizer = GuardedAdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,

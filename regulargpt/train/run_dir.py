@@ -75,7 +75,7 @@ _TAG = re.compile(r"^global_step(\d+)$")
 RESUME_FREE_KEYS = {
     "data.path",  # the data may move (e.g. to node-local disk); its fingerprint is compared instead
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
-    "train.max_bad_steps", "train.activation_checkpointing", "train.dist_timeout_s",
+    "train.max_bad_steps", "train.activation_checkpointing", "train.dist_timeout_s", "train.compile",
 }
 _RESUME_FREE_SECTIONS = ("eval.", "logging.")
 
