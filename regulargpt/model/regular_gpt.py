@@ -109,18 +109,15 @@ class _SlidingDilatedLayer(nn.Module):
     def pad_step(self, pad: Tensor) -> tuple[PadKV, Tensor]:
         """The pad state entering this sub-layer (d,) → (its key/value here, the pad state leaving it).
 
-        Attention over identical pads returns the pad's own value, so the pad passes the layer as a length-1 sequence;
-        its key and value are read from that same pass (one LayerNorm and one qkv projection per sub-layer).
+        Attention over identical pads returns the pad's own value, so the pad passes the layer as a length-1 sequence.
+        Its key and value come from a separate ``key_value`` call, not captured inside the layer's forward: a tensor
+        that leaves a module other than through its output breaks ZeRO-3's re-gathering of that module's weights in
+        the backward (size-0 parameters; tests/test_pretrain.py's ZeRO-3 run).
         """
         pad_seq = pad.view(1, 1, -1)  # (1, 1, d)
-        kv: list[Tensor] = []
-
-        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # k, v: (1, H, 1, Dh)
-            kv.extend((k[:, :, 0], v[:, :, 0]))
-            return v
-
-        next_pad = self.layer(pad_seq, attend)
-        return (kv[0], kv[1]), next_pad.view(-1)
+        pad_k, pad_v = self.layer.key_value(pad_seq)  # (1, H, 1, Dh)
+        next_pad = self.layer(pad_seq, lambda q, k, v: v)
+        return (pad_k[:, :, 0], pad_v[:, :, 0]), next_pad.view(-1)
 
     def forward(self, x: Tensor, pad_kv: PadKV | None, dilation: int) -> Tensor:
         """x: (B, T, d); pad_kv: this sub-layer's pad key/value (each (1, H, Dh)), or None in mask mode."""
