@@ -89,7 +89,7 @@ def measure_grid(args: argparse.Namespace, parser: argparse.ArgumentParser) -> l
 def render(rows: list[dict], args: argparse.Namespace) -> str:
     """The markdown table; `auto` is what the current `choose_algorithm` picks for each measured point."""
     for row in rows:
-        row["auto"] = choose_algorithm(row["C"], row["D"], row["T"], _DTYPES[row["dtype"]], torch.device("cpu"))
+        row["auto"] = choose_algorithm(row["C"], row["D"], row["T"], _DTYPES[row["dtype"]])
     measured = f"`python {' '.join(sys.argv)}`" if not args.rows else f"rows from `{args.rows}`"
     lines = [
         "# CPU band algorithm per (C, dilation, T, dtype): shift vs blocked, forward + backward",

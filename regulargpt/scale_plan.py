@@ -185,7 +185,7 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
         n = -(-length // dil)
         if device == "cuda":
             step = (4 * d * b + 4 * h) * batch * dil * n
-        elif choose_algorithm(c, dil, length, dtype, torch.device("cpu")) == "shift":
+        elif choose_algorithm(c, dil, length, dtype) == "shift":
             q = 3 * d * b * tokens if n * dil == length else d * b * batch * dil * n
             step = q + 2 * d * b * batch * dil * (n + c - 1) + 4 * h * c * batch * dil * n
         else:

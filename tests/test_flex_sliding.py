@@ -94,22 +94,36 @@ def test_regular_gpt_through_flex_matches_the_cpu_kernels(monkeypatch, pad):
     assert torch.allclose(got, want, atol=1e-10, rtol=0)
 
 
-def test_auto_falls_back_to_the_cpu_algorithms_when_flex_fails(monkeypatch):
-    """A failing automatic flex call (here: CPU gradients, which flex refuses) warns once and still returns the exact
-    result; `auto` then stops choosing flex. Asked for by name, flex's error reaches the caller instead."""
+def test_flex_retries_with_smaller_tiles_when_the_default_ones_run_out_of_shared_memory(monkeypatch):
+    """The H200 failure (inductor: "out of resource ... Required: 245760 Hardware limit: 232448"): one retry with
+    `_SMALL_TILES`, kept for the rest of the process; any other error, or a second resource error, reaches the caller."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     from regulargpt.model import flex_sliding
 
-    monkeypatch.setattr(flex_sliding, "_disabled", None)
-    monkeypatch.setattr("regulargpt.model.sliding_dilated.choose_algorithm", lambda *args: "flex")
-    q, k, v, r, (pk, pv) = _inputs(20, 3, True, torch.float64, grad=True)
-    with pytest.warns(RuntimeWarning, match="FlexAttention failed.*falls back"):
-        out = sliding_dilated_attention(q, k, v, r, 3, pk, pv)
-    assert torch.allclose(out, reference_sliding_dilated_attention(q, k, v, r, 3, pk, pv), atol=1e-10, rtol=0)
-    assert not flex_sliding.flex_available()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warned once only
-        sliding_dilated_attention(q, k, v, r, 3, pk, pv)
-    with pytest.raises(ValueError, match="no backward on CPU"):
+    seen = []
+
+    def compiled(*args, kernel_options=None, **kwargs):
+        seen.append(kernel_options)
+        if kernel_options is None:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_0")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+            return flex_attention(*args, **kwargs)
+
+    monkeypatch.setattr(flex_sliding, "_kernel_options", None)
+    monkeypatch.setattr(flex_sliding, "_compiled_flex", lambda: compiled)
+    q, k, v, r, (pk, pv) = _inputs(20, 3, True, torch.float64)
+    want = reference_sliding_dilated_attention(q, k, v, r, 3, pk, pv)
+    for _ in range(2):
+        got = sliding_dilated_attention(q, k, v, r, 3, pk, pv, algorithm="flex")
+        assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    assert seen == [None, flex_sliding._SMALL_TILES, flex_sliding._SMALL_TILES]
+
+    monkeypatch.setattr(flex_sliding, "_kernel_options", None)
+    monkeypatch.setattr(flex_sliding, "_compiled_flex", lambda: lambda *a, **kw: (_ for _ in ()).throw(
+        RuntimeError("Triton compile error: some other failure")))
+    with pytest.raises(RuntimeError, match="some other failure"):
         sliding_dilated_attention(q, k, v, r, 3, pk, pv, algorithm="flex")
 
 
@@ -119,30 +133,28 @@ def test_flex_on_cpu_refuses_gradients_with_a_clear_error():
         sliding_dilated_attention(q, k, v, r, 2, pk, pv, algorithm="flex")
 
 
-def test_auto_never_picks_flex_on_cpu_and_picks_it_on_cuda(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+def test_auto_never_picks_flex():
+    """Flex runs by name only: on CPU it has no backward, on an H200 it was 7.8x slower than blocked."""
     for c, t in [(2, 512), (8, 64), (8, 16384), (32, 16)]:
         for dtype in (torch.float32, torch.bfloat16):
-            assert choose_algorithm(c, c, t, dtype, cpu) in ("shift", "blocked")
-    monkeypatch.setattr("regulargpt.model.flex_sliding.flex_available", lambda: True)
-    assert choose_algorithm(2, 1, 512, torch.bfloat16, cuda) == "flex"
-    monkeypatch.setattr("regulargpt.model.flex_sliding.flex_available", lambda: False)
-    assert choose_algorithm(2, 1, 512, torch.bfloat16, cuda) in ("shift", "blocked")
+            assert choose_algorithm(c, c, t, dtype) in ("shift", "blocked")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("algorithm", ["flex", "auto"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 3e-2)])
-def test_flex_on_cuda_matches_reference_forward_and_gradients(dtype, tol):
-    """`auto` on CUDA is the compiled FlexAttention kernel; the reference runs on the CPU in fp64 from the same values."""
+def test_cuda_algorithms_match_reference_forward_and_gradients(dtype, tol, algorithm):
+    """The compiled FlexAttention kernel and `auto` (shift/blocked on CUDA tensors) against the fp64 CPU reference."""
     for c, dilation, t, pad in [(2, 1, 1000, True), (2, 8, 1000, False), (8, 8, 600, True), (4, 256, 600, True)]:
         q, k, v, r, pads = _inputs(t, c, pad, torch.float64, dh=64, grad=True)
         ref_leaves = [x for x in (q, k, v, r, *pads) if x is not None]
         leaves = [x.detach().to("cuda", dtype).requires_grad_() for x in ref_leaves]
         q, k, v, r, *pads = leaves
         pk, pv = pads if pad else (None, None)
-        out = sliding_dilated_attention(q, k, v, r, dilation, pk, pv)
+        out = sliding_dilated_attention(q, k, v, r, dilation, pk, pv, algorithm=algorithm)
         ref = reference_sliding_dilated_attention(*ref_leaves[:4], dilation, *(ref_leaves[4:] if pad else (None, None)))
-        assert (out.double().cpu() - ref).abs().max() < tol, (c, dilation, t)
+        # scaled like the gradients below: bf16 q/k/v round at 2^-9 relative, and outputs reach |2-3|
+        assert (out.double().cpu() - ref).abs().max() < tol * max(1.0, ref.abs().max().item()), (c, dilation, t)
         w = torch.randn_like(ref)
         got = torch.autograd.grad((out.double() * w.cuda()).sum(), leaves)
         want = torch.autograd.grad((ref * w).sum(), ref_leaves)

@@ -154,12 +154,12 @@ def test_cpu_rule_shape():
     """What the measured rule must do, whatever its thresholds: only the two exact CPU algorithms; shift for tiny
     folded lengths (N <= 4) and the smallest chunk; blocked for the largest; as C grows it switches from shift to
     blocked at most once; bf16 (cheap matmuls) switches no later than fp32; a longer sequence no later either."""
-    cpu, dtypes, chunks = torch.device("cpu"), (torch.float32, torch.bfloat16), range(2, 65)
+    dtypes, chunks = (torch.float32, torch.bfloat16), range(2, 65)
     for t in (64, 512, 4096, 4097, 16384, 65536):
         for dilation in (1, 2, 16, 1024):
             switch = {}
             for dtype in dtypes:
-                picks = [choose_algorithm(c, dilation, t, dtype, cpu) for c in chunks]
+                picks = [choose_algorithm(c, dilation, t, dtype) for c in chunks]
                 assert set(picks) <= {"shift", "blocked"}
                 if -(-t // dilation) <= 4:
                     assert set(picks) == {"shift"}, (t, dilation, dtype)
@@ -171,6 +171,6 @@ def test_cpu_rule_shape():
             if switch:
                 assert switch[torch.bfloat16] <= switch[torch.float32], (t, dilation, switch)
     for dtype in dtypes:
-        first_blocked = [next(c for c in chunks if choose_algorithm(c, 1, t, dtype, cpu) == "blocked")
+        first_blocked = [next(c for c in chunks if choose_algorithm(c, 1, t, dtype) == "blocked")
                          for t in (512, 4096, 16384, 65536)]
         assert first_blocked == sorted(first_blocked, reverse=True), (dtype, first_blocked)

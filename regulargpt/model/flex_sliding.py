@@ -1,4 +1,4 @@
-"""Sliding-dilated attention through FlexAttention: the CUDA path (`algorithm="flex"`, picked by `auto` on GPU).
+"""Sliding-dilated attention through FlexAttention (`algorithm="flex"`, by name only: `auto` never picks it).
 
 Same rule as `sliding_dilated_attention`: query m sees the keys m - j·D, j < C, with logit q·k/sqrt(Dh) + r[h, j].
 
@@ -19,7 +19,8 @@ contiguous run of key blocks (`band_block_mask`). Work is O(T·(C + 128)) scores
 and O((T/128)²) int32 for the BlockMask's index table (4 MiB at T = 131,072).
 
 FlexAttention has no backward on CPU in torch 2.13; on CPU this path serves forward-only use (benchmarks, tests of
-the formulation), and training on CPU runs the shift/blocked kernels.
+the formulation). On an H200 (torch 2.11) it was correct but 7.8× slower than the blocked kernel on the same GPU
+(results/gpu/README.md), so `auto` runs shift/blocked there too.
 """
 
 from __future__ import annotations
@@ -33,24 +34,20 @@ from torch import Tensor
 
 from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
-__all__ = ["band_block_mask", "disable_flex", "flex_available", "flex_sliding_dilated_attention"]
+__all__ = ["band_block_mask", "flex_available", "flex_sliding_dilated_attention"]
 
 _BLOCK = 128  # FlexAttention's default tile, for query and key blocks alike
-_disabled: str | None = None  # why `auto` stopped using flex in this process, if it did
-
-
-def disable_flex(error: BaseException) -> None:
-    """Stop `algorithm="auto"` from choosing flex for the rest of the process, with one warning naming `error`."""
-    global _disabled
-    if _disabled is None:
-        _disabled = f"{type(error).__name__}: {error}"
-        warnings.warn(f"FlexAttention failed ({_disabled[:300]}); sliding_dilated_attention falls back to the CPU "
-                      "algorithms (shift/blocked) for the rest of this process", RuntimeWarning, stacklevel=3)
+# Smaller Triton tiles, taken for the rest of the process after the default ones ask for more shared memory than the
+# GPU has (seen on an H200 with bf16, Dh = 64: "out of resource ... Required: 245760 Hardware limit: 232448").
+# Forward BLOCK_M/N and backward BLOCK_M1/N1/M2/N2 all divide the block mask's 128-row blocks.
+_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+                "BLOCK_N2": 32}
+_kernel_options: dict | None = None  # None: the compiler's own choice; _SMALL_TILES once that ran out of resources
 
 
 def flex_available() -> bool:
-    """True when torch has FlexAttention and a Triton to compile it for CUDA, and it has not failed here before."""
-    return _disabled is None and _flex_importable()
+    """True when torch has FlexAttention and a Triton to compile it for CUDA."""
+    return _flex_importable()
 
 
 @functools.lru_cache(maxsize=1)
@@ -163,7 +160,14 @@ def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Te
     score_mod = _score_mod(rel_bias.to(torch.promote_types(q.dtype, torch.float32)), n, m, o, c)
     args = (qf.reshape(b, h, rows_q, dh), kf.reshape(b, h, rows_k, dh), vf.reshape(b, h, rows_k, dh))
     if compile:
-        out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask)
+        global _kernel_options
+        try:
+            out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
+        except Exception as error:  # noqa: BLE001  (inductor raises its own types; only resource errors retry)
+            if _kernel_options is not None or "out of resource" not in str(error):
+                raise
+            _kernel_options = dict(_SMALL_TILES)
+            out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
     else:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")

@@ -19,9 +19,9 @@ rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. T
 * ``blocked``: cut the folded sequence into blocks of C queries; each block attends to its own and the previous
   block of keys with one batched matmul, scores (N/C, C, 2C), band outside masked. Memory O(T·C + T·Dh). Best for
   large C, where the matmuls are efficient.
-* ``flex`` (CUDA): FlexAttention over the folded sequence, in `flex_sliding.py`.
+* ``flex``: FlexAttention over the folded sequence, in `flex_sliding.py` (by name only; slower on an H200).
 
-Folding lives in `dilation.py` (both kernels use it). `auto` picks per call by (C, T, dtype, device):
+Folding lives in `dilation.py` (both kernels use it). `auto` picks per call by (C, T, dtype):
 `choose_algorithm`, the one place the algorithm is chosen (`flex_sliding` only runs FlexAttention).
 
 None ever allocates a T×T tensor. Gradients reach q, k, v, rel_bias and the pads (shift: a hand-written backward;
@@ -45,10 +45,10 @@ __all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "
 Algorithm = Literal["auto", "shift", "blocked", "flex"]
 
 
-def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype, device: torch.device) -> str:
-    """The band algorithm `auto` runs for one call: "flex" on CUDA, else "shift" or "blocked" on CPU.
+def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype) -> str:
+    """The band algorithm `auto` runs for one call: "shift" or "blocked", on every device.
 
-    CPU rule, from `python eval/bench_dispatch.py` (results/bench_dispatch.md: forward + backward at every depth step
+    Rule, from `python eval/bench_dispatch.py` (results/bench_dispatch.md: forward + backward at every depth step
     of T in {512, 4096, 16384}, C in {2, 3, 4, 8, 16, 32}, fp32 and bf16). The shift loop makes ~C passes over
     (T, Dh) tensors; the blocked matmuls do 2× the score work but on the matrix units, where bf16 is several times
     faster than fp32 here, and their advantage grows with T. Shift runs up to this C, blocked above:
@@ -68,17 +68,11 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
     (212 points) the rule's total time is 1.035× that of always taking the faster of the two (fp32 1.043×, bf16
     1.012×; docs/PERFORMANCE.md; another machine measures its own with `python eval/bench_dispatch.py`).
 
-    FlexAttention has no CPU backward (torch 2.13) and its CPU forward needs a compile per shape, so CPU calls
-    always use one of the two exact CPU algorithms. On CUDA, if the automatically chosen flex call fails (a compile
-    or launch error, not out-of-memory), `sliding_dilated_attention` warns once and uses this CPU rule from then on.
+    FlexAttention ("flex") runs only when asked for by name. On CPU it has no backward (torch 2.13) and needs a
+    compile per shape. On an H200 (torch 2.11, bf16, results/gpu/README.md) it was the slower choice: 21.7 ms for
+    forward+backward at T = 4096, H = 12, C = 2 against 2.8 ms for blocked on the same GPU, and the base config
+    trained at 24,699 tokens/s with flex against 79,940 with this rule.
     """
-    if device.type == "cuda" and flex_sliding.flex_available():
-        return "flex"
-    return _cpu_algorithm(chunk_size, dilation, length, dtype)
-
-
-def _cpu_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype) -> str:
-    """The measured shift/blocked rule of `choose_algorithm` (also the CUDA fallback when flex fails)."""
     if -(-length // dilation) <= 4:
         return "shift"
     two_byte = dtype.itemsize <= 2
@@ -246,7 +240,7 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
         dilation: D = C**l at depth step l.
         pad_k, pad_v: (B, H, Dh) key/value read by out-of-range (negative) positions, or None to mask them.
         algorithm: "shift", "blocked", "flex" (FlexAttention; CUDA, or CPU without gradients) or "auto"
-            (`choose_algorithm`: flex on CUDA, else the faster CPU algorithm for this C, folded length and dtype).
+            (`choose_algorithm`: the faster of shift and blocked for this C, folded length and dtype).
 
     Returns:
         (B, H, T, Dh). Under autocast, q/k/v/pads are cast to the autocast dtype first (bf16 matmuls on CPUs with
@@ -259,17 +253,9 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
         q, k, v = (x.to(low) for x in (q, k, v))
         pad_k, pad_v = (None if x is None else x.to(low) for x in (pad_k, pad_v))
     t, c = q.shape[2], rel_bias.shape[1]
-    chosen = choose_algorithm(c, dilation, t, q.dtype, q.device) if algorithm == "auto" else algorithm
+    chosen = choose_algorithm(c, dilation, t, q.dtype) if algorithm == "auto" else algorithm
     if chosen == "flex":
-        if algorithm == "flex":  # asked for by name: its errors are the caller's
-            return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
-        try:
-            return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as error:  # noqa: BLE001  a compile or launch failure of the automatic choice
-            flex_sliding.disable_flex(error)  # warns once; `auto` uses the CPU algorithms from now on
-            chosen = _cpu_algorithm(c, dilation, t, q.dtype)
+        return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
     if chosen not in _BANDS:
         raise ValueError(f"algorithm must be one of auto, shift, blocked, flex; got {algorithm!r}")
     with torch.autocast(device, enabled=False):
@@ -286,21 +272,22 @@ def reference_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bia
     _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v)
     b, h, t, dh = q.shape
     c = rel_bias.shape[1]
-    m = torch.arange(t)[:, None]
-    n = torch.arange(t)[None, :]
+    dev = q.device
+    m = torch.arange(t, device=dev)[:, None]
+    n = torch.arange(t, device=dev)[None, :]
     diff = m - n
     j = torch.div(diff, dilation, rounding_mode="floor")
     visible = (diff >= 0) & (diff % dilation == 0) & (j < c)  # (T, T)
-    bias = torch.full((h, t, t), float("-inf"), dtype=q.dtype)
+    bias = torch.full((h, t, t), float("-inf"), dtype=q.dtype, device=dev)
     bias[:, visible] = rel_bias[:, j[visible]].to(q.dtype)
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh) + bias  # (B, H, T, T)
     if pad_k is None:
         return torch.matmul(scores.softmax(-1), v)
     # Pad slots: query m has one pad key per j with m - j·D < 0. All pad keys are identical, so they are one column
     # whose weight is the sum over those j of exp(q·pad_k/sqrt(Dh) + r[h, j]) = exp(q·pad_k/sqrt(Dh) + logsumexp r).
-    jj = torch.arange(c)
+    jj = torch.arange(c, device=dev)
     pad_j = (m - jj[None, :] * dilation) < 0  # (T, C)
-    pad_bias = torch.where(pad_j[None], rel_bias[:, None, :].to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype))
+    pad_bias = torch.where(pad_j[None], rel_bias[:, None, :].to(q.dtype), torch.tensor(float("-inf"), dtype=q.dtype, device=dev))
     pad_bias = torch.logsumexp(pad_bias, dim=-1)  # (H, T), -inf where no pad is visible
     pad_scores = (q * pad_k[:, :, None, :]).sum(-1) / math.sqrt(dh) + pad_bias  # (B, H, T)
     probs = torch.cat([scores, pad_scores[..., None]], dim=-1).softmax(-1)  # (B, H, T, T+1)
