@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import Config, DataConfig, ModelConfig
-from regulargpt.evaluation.probes import input_gradient_norms, span_transitions, tree_spans, tree_states
+from regulargpt.evaluation.probes import input_gradient_norms, pad_chain, span_transitions, tree_spans, tree_states
 from regulargpt.evaluation.receptive_field import lm_batch, receptive_field
 from regulargpt.evaluation.state_clusters import choose_k, kmeans, pca, purity, silhouette
 from regulargpt.model import build_model
@@ -234,6 +234,51 @@ def _write_data(folder: Path, tokens: np.ndarray) -> Path:
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
+
+def _brute_pad_chain(length: int, chunk: int) -> int:
+    """Tree mode on explicit spans: left-pad to a multiple of C with None, merge each chunk into one span."""
+    nodes: list[tuple[int, int] | None] = [(i, i) for i in range(length)]
+    best = run = 0
+    while True:
+        nodes = [None] * (-len(nodes) % chunk) + nodes
+        chunks = [nodes[i:i + chunk] for i in range(0, len(nodes), chunk)]
+        real = [n for n in chunks[0] if n is not None]
+        alone = len(real) == 1 and real[0][1] > real[0][0]  # a prefix of >= 2 symbols meets only pads
+        run = run + 1 if alone else 0
+        best = max(best, run)
+        nodes = [(min(n[0] for n in c if n), max(n[1] for n in c if n)) for c in chunks]
+        if len(nodes) == 1:
+            return best
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 4])
+def test_pad_chain_equals_a_brute_force_tree_of_spans(chunk: int) -> None:
+    for length in range(1, 300):
+        assert pad_chain(length, chunk) == _brute_pad_chain(length, chunk), (length, chunk)
+    assert [pad_chain(t, 2) for t in (34, 258, 257, 512, 40)] == [4, 7, 0, 0, 2]  # the docstring's examples
+    assert max(pad_chain(t, 2) for t in range(1, 41)) == 4  # the training lengths of every formal profile
+
+
+def test_pad_chains_cli_groups_every_length_by_its_chain(tmp_path: Path) -> None:
+    model_cfg = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=2, num_classes=2, d_model=16,
+                            n_heads=2, chunk_size=2, norm="post", activation="relu")
+    cfg = Config(model=model_cfg, data=DataConfig(task="even_pairs", max_length=10))
+    save_model_file(tmp_path / "run" / "model.pt", cfg, build_model(model_cfg))
+    cli = load_script("eval/pad_chains.py")
+    out = tmp_path / "chains.md"
+    assert cli.main(["--runs", str(tmp_path / "run"), "--out", str(out), "--max-length", "40", "--samples", "8"]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    run = report["runs"][0]
+    assert report["commit"] and report["command"] and len(run["per_length"]) == 40
+    chains = {r["chain"]: r for r in run["chains"]}
+    assert sum(r["train_lengths"] for r in run["chains"]) == 10 and sum(r["held_out_lengths"] for r in run["chains"]) == 30
+    assert chains[4]["held_out_lengths"] == 1 and chains[4]["train_lengths"] == 0  # T = 34 alone
+    want = np.mean([run["per_length"][str(t)] for t in range(11, 41) if pad_chain(t, 2) == 1])
+    assert chains[1]["held_out_mean"] == pytest.approx(want)
+    assert "| 4 | 0 |" in out.read_text()
+    lm_cfg = Config(model=ModelConfig(architecture="regular_gpt", head="lm", vocab_size=5))
+    save_model_file(tmp_path / "lm" / "model.pt", lm_cfg, build_model(lm_cfg.model))
+    assert cli.main(["--runs", str(tmp_path / "lm"), "--out", str(out)]) == 2
 
 def test_state_clusters_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model_cfg = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=3, num_classes=5, d_model=16,

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from regulargpt.model import RegularGPTClassifier, adaptive_depth
 from regulargpt.model.regular_gpt import last_of_each_chunk
 
-__all__ = ["SPAN_TRANSITIONS", "Span", "input_gradient_norms", "span_transitions", "tree_spans", "tree_states"]
+__all__ = ["SPAN_TRANSITIONS", "Span", "input_gradient_norms", "pad_chain", "span_transitions", "tree_spans",
+           "tree_states"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,32 @@ def tree_spans(length: int, chunk_size: int, thickness: int) -> list[Span]:
         spans.append(Span(start.copy(), end.copy()))
     return spans
 
+
+
+def pad_chain(length: int, chunk_size: int) -> int:
+    """The longest run of depth steps in which the leftmost kept state, covering r >= 2 input symbols, meets only pads.
+
+    Tree mode left-pads every step to a multiple of C, so a length just above a power of C leaves a short prefix in
+    the leftmost chunk; its state is then combined with nothing but the pad at every following step until the
+    prefix merges with real symbols again (a single-symbol prefix, r = 1, is not counted: that is the pad-only
+    input a length-1 string also sees). Computed from :func:`tree_spans` with K = 1: a step where the leftmost
+    state's span does not grow is a pad-only step.
+
+    Worked examples (C = 2): T = 34 keeps the prefix [0, 1] after step 0 and meets only pads at the next 4 steps
+    (lengths 17, 9, 5, 3 are odd): 4, the longest of any T <= 40. T = 258: the same prefix meets 7 pad-only steps.
+    T = 257: a one-symbol prefix, 0. T = 512: no pads at all, 0.
+
+    >>> pad_chain(34, 2), pad_chain(258, 2), pad_chain(257, 2), pad_chain(512, 2), pad_chain(40, 2)
+    (4, 7, 0, 0, 2)
+    """
+    best = run = 0
+    previous_end = None
+    for span in tree_spans(length, chunk_size, 1):
+        end = int(span.end[0])  # the leftmost state covers input positions [0, end]
+        run = run + 1 if end == previous_end and end >= 1 else 0
+        best = max(best, run)
+        previous_end = end
+    return best
 
 def tree_states(model: RegularGPTClassifier, tokens: Tensor) -> list[Tensor]:
     """tokens (B, T) → the kept hidden states after each depth step: a list of L tensors (B, n_l, d).
