@@ -30,9 +30,11 @@ import textwrap
 import time
 from pathlib import Path
 
-from regulargpt.files import atomic_write_text
-from regulargpt.peak import machine_key, measure_peak, raise_peak
-from regulargpt.provenance import git_commit, machine, utc_date
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
+
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.peak import machine_key, measure_peak, raise_peak  # noqa: E402
+from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
 _WORKER = textwrap.dedent(
     """

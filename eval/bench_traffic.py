@@ -29,11 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
 
-from regulargpt.files import atomic_write_text
-from regulargpt.model import sliding_dilated_attention
-from regulargpt.provenance import provenance
+import torch  # noqa: E402
+
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.model import sliding_dilated_attention  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

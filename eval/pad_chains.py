@@ -24,18 +24,20 @@ import shlex
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-from tqdm import tqdm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
 
-from regulargpt.checkpoint import load_model_file
-from regulargpt.cli import run
-from regulargpt.evaluation.formal_scoring import held_out_score
-from regulargpt.evaluation.probes import pad_chain
-from regulargpt.files import atomic_write_text
-from regulargpt.model import RegularGPTClassifier
-from regulargpt.provenance import provenance
-from regulargpt.tasks import make_task
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from regulargpt.checkpoint import load_model_file  # noqa: E402
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.evaluation.formal_scoring import held_out_score  # noqa: E402
+from regulargpt.evaluation.probes import pad_chain  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.model import RegularGPTClassifier  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
+from regulargpt.tasks import make_task  # noqa: E402
 
 
 def positive_int(text: str) -> int:

@@ -24,19 +24,21 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
 
-from regulargpt.checkpoint import load_model_file
-from regulargpt.cli import run
-from regulargpt.evaluation.receptive_field import (
+import torch  # noqa: E402
+
+from regulargpt.checkpoint import load_model_file  # noqa: E402
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.evaluation.receptive_field import (  # noqa: E402
     formal_batch,
     lm_batch,
     plot_receptive_field,
     receptive_field,
     write_csv,
 )
-from regulargpt.files import atomic_write_text
-from regulargpt.provenance import provenance
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
 
 
 def markdown(summary: dict) -> str:

@@ -20,16 +20,18 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
 
-from regulargpt.checkpoint import load_model_file
-from regulargpt.cli import run
-from regulargpt.evaluation.probes import SPAN_TRANSITIONS
-from regulargpt.evaluation.state_clusters import cluster_depth_steps, plot_steps
-from regulargpt.files import atomic_write_text
-from regulargpt.model import RegularGPTClassifier
-from regulargpt.provenance import provenance
-from regulargpt.tasks import make_task
+import torch  # noqa: E402
+
+from regulargpt.checkpoint import load_model_file  # noqa: E402
+from regulargpt.cli import run  # noqa: E402
+from regulargpt.evaluation.probes import SPAN_TRANSITIONS  # noqa: E402
+from regulargpt.evaluation.state_clusters import cluster_depth_steps, plot_steps  # noqa: E402
+from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.model import RegularGPTClassifier  # noqa: E402
+from regulargpt.provenance import provenance  # noqa: E402
+from regulargpt.tasks import make_task  # noqa: E402
 
 
 def markdown(rows: list[dict], header: dict[str, str | int]) -> str:
