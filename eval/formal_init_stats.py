@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from regulargpt.cli import run  # noqa: E402
-from regulargpt.config import load_config  # noqa: E402
+from regulargpt.config import FormalConfig, load_config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
@@ -37,7 +37,7 @@ from regulargpt.train.formal_trainer import formal_task, seed_stream  # noqa: E4
 
 
 def init_stats(config: str, sets: list[str], scheme: str, seed: int, length: int, batch: int) -> dict[str, float]:
-    cfg = load_config(config, [*sets, f"model.init={scheme}", f"train.seed={seed}"])
+    cfg = load_config(config, [*sets, f"model.init={scheme}", f"train.seed={seed}"], FormalConfig)
     task = formal_task(cfg)
     torch.manual_seed(seed_stream(seed, 0))  # the trainer's initialisation stream
     model = build_model(cfg.model)

@@ -17,7 +17,7 @@ from typing import NoReturn
 import torch
 
 from regulargpt.cli import run
-from regulargpt.config import ConfigError, load_config
+from regulargpt.config import ConfigError, FormalConfig, load_config
 from regulargpt.train.formal_trainer import SolveCheck, formal_task, train_formal
 
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--time-to-solve {args.time_to_solve}: expected an integer >= 1 (steps)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, FormalConfig)
     try:
         formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
     except ConfigError as err:
