@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
 from regulargpt.config import FormalConfig, load_config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/formal/parity_check.json", help="formal task config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
-    p.add_argument("--length", type=int, default=40, help="string length (default 40, the longest trained)")
-    p.add_argument("--batch", type=int, default=128, help="strings (default 128)")
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--length", type=positive_int, default=40, help="string length (default 40, the longest trained)")
+    p.add_argument("--batch", type=positive_int, default=128, help="strings (default 128)")
     p.add_argument("--out", help="markdown report to write (default: print only)")
     args = p.parse_args(argv)
     lines = ["| init | seed | attn / residual | FFN / residual | attention logit std | first-bit influence "

@@ -177,7 +177,7 @@ def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
         sweep([run], data, "test", [0, 16], tmp_path / "out", progress=False)
     with pytest.raises(SystemExit) as exit_info:
         load_script("eval/extrapolate.py").main(["--runs", run, "--data", str(data), "--out", str(tmp_path / "o"), "--lengths", "0,16"])
-    assert exit_info.value.code == 2 and "lengths must be integers >= 1" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --lengths: '0,16': expected comma-separated integers >= 1" in capsys.readouterr().err
     assert load_script("eval/extrapolate.py").main(["--runs", run, "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
