@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
 
+from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.peak import machine_key, measure_peak, raise_peak  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
@@ -143,22 +144,22 @@ def main() -> None:
                         help="comma-separated T values (default: %(default)s)")
     parser.add_argument("--chunks", default="2,8,32", help="chunk sizes C for the kernel (default: %(default)s)")
     parser.add_argument("--heads", default="8,12", help="comma-separated head counts H (default: %(default)s)")
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--head-dim", type=positive_int, default=64)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="q/k/v dtype (default: fp32)")
     parser.add_argument("--kernel-algorithm", default="auto", choices=["auto", "shift", "blocked", "flex"],
                         help="algorithm of the 'kernel' columns (default: auto)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per measurement (default: 2)")
-    parser.add_argument("--reference-max-gib", type=float, default=8.0,
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per measurement (default: 2)")
+    parser.add_argument("--reference-max-gib", type=positive_float, default=8.0,
                         help="above this estimate the reference runs one head at a time (default: 8)")
-    parser.add_argument("--reference-max-length", type=int, default=16384,
+    parser.add_argument("--reference-max-length", type=positive_int, default=16384,
                         help="skip the dense reference above this T (default: %(default)s)")
-    parser.add_argument("--sdpa-max-length", type=int, default=32768,
+    parser.add_argument("--sdpa-max-length", type=positive_int, default=32768,
                         help="skip causal SDPA above this T (its O(T²) time gets long on CPU) (default: %(default)s)")
-    parser.add_argument("--flex-max-length", type=int, default=65536, help="skip FlexAttention above this T")
+    parser.add_argument("--flex-max-length", type=positive_int, default=65536, help="skip FlexAttention above this T")
     parser.add_argument("--no-flex", action="store_true", help="leave out the FlexAttention columns")
     parser.add_argument("--no-reference", action="store_true", help="leave out the dense reference")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement (default: 900)")
+    parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds per measurement (default: 900)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_attention.md"))
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]

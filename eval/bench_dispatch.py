@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from regulargpt.cli import positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text, read_jsonl  # noqa: E402
 from regulargpt.model.sliding_dilated import adaptive_depth, choose_algorithm, sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
@@ -49,11 +50,11 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,4096,16384", help="comma-separated T (default: %(default)s)")
     parser.add_argument("--chunks", default="2,3,4,8,16,32", help="comma-separated C (default: %(default)s)")
     parser.add_argument("--dtypes", default="fp32,bf16", help="fp32 and/or bf16 (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=3, help="timed repeats per point, median reported (default: 3)")
+    parser.add_argument("--heads", type=positive_int, default=8)
+    parser.add_argument("--head-dim", type=positive_int, default=64)
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--reps", type=positive_int, default=3, help="timed repeats per point, median reported (default: 3)")
     parser.add_argument("--rows", type=Path, help="render from these measured rows (JSON lines) instead of measuring")
     parser.add_argument("--out", type=Path, default=Path("results/bench_dispatch.md"))
     args = parser.parse_args()

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
 
+from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.config import Config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
@@ -178,12 +179,12 @@ def main() -> int:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: %(default)s)")
     p.add_argument("--contexts", default="256,1024,4096,16384,65536",
                    help="comma-separated context lengths T (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=7, help="timed decode steps per point (default 7)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed decode steps first (default 2)")
-    p.add_argument("--rounds", type=int, default=2, help="passes over the whole list; each point keeps its fastest "
+    p.add_argument("--steps", type=positive_int, default=7, help="timed decode steps per point (default 7)")
+    p.add_argument("--warmup", type=positive_int, default=2, help="untimed decode steps first (default 2)")
+    p.add_argument("--rounds", type=positive_int, default=2, help="passes over the whole list; each point keeps its fastest "
                                                          "(default 2)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--memory-gb", type=float, default=12.0,
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--memory-gb", type=positive_float, default=12.0,
                    help="skip a point whose cache would exceed this (default 12)")
     p.add_argument("--out", type=Path, default=Path("results/bench_generate.md"), help="markdown report; the JSONL "
                    "rows go next to it (default %(default)s)")

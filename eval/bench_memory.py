@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
 
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"extra overrides after the defaults {' '.join(RUN_SETS)}, e.g. --set train.batch_size=1")
     p.add_argument("--data", help="prepared data folder with the config's vocabulary, e.g. --data data/stdlib-8k")
-    p.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], help="ZeRO stages, e.g. --stages 1 2 3")
-    p.add_argument("--nproc", type=int, default=2, help="ranks per run, e.g. --nproc 2")
+    p.add_argument("--stages", type=non_negative_int, nargs="+", default=[1, 2, 3], help="ZeRO stages, e.g. --stages 1 2 3")
+    p.add_argument("--nproc", type=positive_int, default=2, help="ranks per run, e.g. --nproc 2")
     p.add_argument("--out", default="results/scale_plan/measured_vs_estimate.md", help="report (markdown + .json)")
     args = p.parse_args(argv)
     if not args.data:

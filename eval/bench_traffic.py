@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own che
 
 import torch  # noqa: E402
 
+from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
@@ -163,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="16384,65536", help="sequence lengths T (default: %(default)s)")
     p.add_argument("--chunks", default="2,8", help="chunk sizes C (default: %(default)s)")
     p.add_argument("--dtypes", default="fp32,bf16", help="q/k/v dtypes (default: %(default)s)")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    p.add_argument("--stream-gib", type=float, default=1.0, help="GiB per bandwidth array (default 1)")
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--reps", type=positive_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    p.add_argument("--stream-gib", type=positive_float, default=1.0, help="GiB per bandwidth array (default 1)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns")
     p.add_argument("--out", type=Path, default=Path("results/bench_traffic.md"))
     args = p.parse_args(argv)
@@ -179,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = args.dtypes.split(",")
     if bad := [d for d in dtypes if d not in DTYPES]:
         p.error(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPES)}")
-    if min(lengths) < 1 or min(chunks) < 2 or args.reps < 1 or args.threads < 1:
-        p.error("expected lengths >= 1, chunks >= 2, --reps >= 1, --threads >= 1")
+    if min(lengths) < 1 or min(chunks) < 2:
+        p.error("expected lengths >= 1, chunks >= 2")
     torch.set_num_threads(args.threads)
     command = shlex.join(["python", "eval/bench_traffic.py", *(sys.argv[1:] if argv is None else argv)])
     bandwidth = stream_bandwidth(args.stream_gib, reps=max(args.reps, 3))

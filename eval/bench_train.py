@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import matmul_peak_gflops  # noqa: E402  (sibling script)
 
+from regulargpt.cli import positive_int  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
@@ -103,17 +104,17 @@ def main() -> None:
     parser.add_argument("--match", choices=["applications", "parameters", "both"], default="applications",
                         help="dense baselines get RegularGPT's number of layer applications, of layers of weights "
                              "(K), or one of each (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per config (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per step for tiny configs (default: 8)")
-    parser.add_argument("--base-batch", type=int, default=1, help="sequences per step for configs with d >= 512")
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per config (default: 5)")
+    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps first (default: 2)")
+    parser.add_argument("--batch", type=positive_int, default=8, help="sequences per step for tiny configs (default: 8)")
+    parser.add_argument("--base-batch", type=positive_int, default=1, help="sequences per step for configs with d >= 512")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16", help="autocast dtype (default: bf16)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the attention runs FlexAttention (algorithm auto); memory = peak allocated")
     parser.add_argument("--compile", action="store_true",
                         help="compile every model (nn.Module.compile, as train.compile) before its warm-up steps")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=positive_int, default=2,
                         help="run the whole list this many times and keep each model's fastest round, so that a slow "
                              "spell of a shared machine does not land on one model only (default: 2)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_train.md"))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from regulargpt.cli import positive_int  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
@@ -46,9 +47,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=["model.d_model=64"], metavar="KEY=VALUE",
                         help="config overrides (default: model.d_model=64, the quick profile's width)")
     parser.add_argument("--lengths", default="10,20,40", help="input lengths (default: %(default)s)")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=positive_int, default=128)
+    parser.add_argument("--reps", type=positive_int, default=5)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--out", type=Path, default=Path("results/bench_tree.md"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from regulargpt.cli import run  # noqa: E402
-from regulargpt.config import load_config  # noqa: E402
+from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
+from regulargpt.config import FormalConfig, load_config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
@@ -37,7 +37,7 @@ from regulargpt.train.formal_trainer import formal_task, seed_stream  # noqa: E4
 
 
 def init_stats(config: str, sets: list[str], scheme: str, seed: int, length: int, batch: int) -> dict[str, float]:
-    cfg = load_config(config, [*sets, f"model.init={scheme}", f"train.seed={seed}"])
+    cfg = load_config(config, [*sets, f"model.init={scheme}", f"train.seed={seed}"], FormalConfig)
     task = formal_task(cfg)
     torch.manual_seed(seed_stream(seed, 0))  # the trainer's initialisation stream
     model = build_model(cfg.model)
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/formal/parity_check.json", help="formal task config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
-    p.add_argument("--length", type=int, default=40, help="string length (default 40, the longest trained)")
-    p.add_argument("--batch", type=int, default=128, help="strings (default 128)")
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--length", type=positive_int, default=40, help="string length (default 40, the longest trained)")
+    p.add_argument("--batch", type=positive_int, default=128, help="strings (default 128)")
     p.add_argument("--out", help="markdown report to write (default: print only)")
     args = p.parse_args(argv)
     lines = ["| init | seed | attn / residual | FFN / residual | attention logit std | first-bit influence "

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
 
+from regulargpt.cli import positive_float, positive_int
 from regulargpt.evaluation.lm_report import (
     aggregate,
     load_rows,
@@ -560,9 +561,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the RegularGPT knob ablation, depth policies) or v2-t256 (results/lm_cpu_v2_t256: RegularGPT "
                         "C8 vs ALiBi trained at T = 256, evaluated to 8192); default v1")
     p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
-    p.add_argument("--steps", type=int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
-    p.add_argument("--eval-tokens", type=int, help="tokens scored per length (default 16384; demo 8192)")
-    p.add_argument("--memory-gb", type=float, default=4.0, help="evaluation memory budget (default 4)")
+    p.add_argument("--steps", type=positive_int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
+    p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
+    p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")
     p.add_argument("--report-only", action="store_true", help="only rewrite OUT/README.md from existing results")
     args = p.parse_args(argv)
     plan = DEMO if args.demo else STUDIES[args.study]

@@ -31,20 +31,13 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import positive_int, run  # noqa: E402
 from regulargpt.evaluation.formal_scoring import held_out_score  # noqa: E402
 from regulargpt.evaluation.probes import pad_chain  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import RegularGPTClassifier  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
 from regulargpt.tasks import make_task  # noqa: E402
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
 
 
 def chain_rows(per_length: dict[int, float], chunk_size: int, train_max: int) -> list[dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
 
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import positive_int, run  # noqa: E402
 from regulargpt.config import Config, ConfigError, build_section, load_config, read_json  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
@@ -107,11 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, help="peak TFLOP/s per GPU in the training precision (default 312)")
     p.add_argument("--mfu", type=float, help="assumed model FLOPs utilisation, e.g. --mfu 0.4 (default 0.35)")
     p.add_argument("--reserve-gb", type=float, help="GB per GPU kept back for the CUDA context etc. (default 0)")
-    p.add_argument("--batch", type=int, help="micro-batch for the longest-length search (default: the config's)")
+    p.add_argument("--batch", type=positive_int, help="micro-batch for the longest-length search (default: the config's)")
     p.add_argument("--markdown", help="also write the plan as markdown, e.g. --markdown plan.md")
     args = p.parse_args(argv)
-    if args.batch is not None and args.batch < 1:
-        raise ConfigError(f"--batch: {args.batch} is not allowed; expected an integer >= 1")
     cluster = make_cluster(args.cluster, {k: getattr(args, k) for k in _FLAGS})
     prov = provenance(shlex.join(["python", "eval/plan_scale.py", *(sys.argv[1:] if argv is None else argv)]))
     out = [f"# Scale plan: {cluster.nodes} × {cluster.gpus_per_node} GPUs of {cluster.gpu_memory_gb:g} GB", "",

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from regulargpt.cli import positive_int  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
 from regulargpt.provenance import provenance  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
@@ -64,12 +65,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/tiny/regular_gpt.json")
     parser.add_argument("--baselines", default="alibi", help="comma-separated dense positions (default: alibi)")
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=positive_int, default=8)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16", help="autocast dtype (default: bf16)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=20, help="unprofiled timed steps per model (default: 20)")
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps per model (default: 3)")
-    parser.add_argument("--top", type=int, default=12, help="ops listed per model (default: 12)")
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=20, help="unprofiled timed steps per model (default: 20)")
+    parser.add_argument("--steps", type=positive_int, default=3, help="profiled steps per model (default: 3)")
+    parser.add_argument("--top", type=positive_int, default=12, help="ops listed per model (default: 12)")
     parser.add_argument("--compile", action="store_true", help="compile both models first (nn.Module.compile)")
     parser.add_argument("--out", type=Path, default=Path("results/profile_small_t.md"))
     args = parser.parse_args()

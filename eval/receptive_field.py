@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own che
 import torch  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
 from regulargpt.evaluation.receptive_field import (  # noqa: E402
     formal_batch,
     lm_batch,
@@ -57,16 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="run directory holding model.pt, e.g. runs/analyses/parity_check")
     parser.add_argument("--out", required=True, help="output directory, e.g. results/analyses/parity_check")
-    parser.add_argument("--length", type=int, default=0,
+    parser.add_argument("--length", type=non_negative_int, default=0,
                         help="input length T (default: eval.max_length of a formal run, data.seq_len of an LM run)")
-    parser.add_argument("--samples", type=int, default=256, help="sequences averaged over (default 256)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences per backward pass (default 32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the strings / window offsets (default 0)")
+    parser.add_argument("--samples", type=positive_int, default=256, help="sequences averaged over (default 256)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="sequences per backward pass (default 32)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the strings / window offsets (default 0)")
     parser.add_argument("--split", default="test", help="LM runs: data split to draw windows from (default test)")
     parser.add_argument("--data", default=None, help="LM runs: data folder instead of the run's data.path")
     parser.add_argument("--random-tokens", action="store_true",
                         help="LM runs: uniform random tokens instead of data windows (no data needed)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own che
 import torch  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
 from regulargpt.evaluation.probes import SPAN_TRANSITIONS  # noqa: E402
 from regulargpt.evaluation.state_clusters import cluster_depth_steps, plot_steps  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="run directory holding model.pt, e.g. runs/analyses/parity_check")
     parser.add_argument("--out", required=True, help="output directory, e.g. results/analyses/parity_check")
-    parser.add_argument("--length", type=int, default=500, help="input length T (default 500, the paper's)")
-    parser.add_argument("--samples", type=int, default=256, help="input strings (default 256)")
-    parser.add_argument("--k-max", type=int, default=8, help="k-means tries k = 2..K_MAX (default 8)")
-    parser.add_argument("--max-points", type=int, default=20000,
+    parser.add_argument("--length", type=positive_int, default=500, help="input length T (default 500, the paper's)")
+    parser.add_argument("--samples", type=positive_int, default=256, help="input strings (default 256)")
+    parser.add_argument("--k-max", type=positive_int, default=8, help="k-means tries k = 2..K_MAX (default 8)")
+    parser.add_argument("--max-points", type=positive_int, default=20000,
                         help="states clustered per depth step, sampled with the seed (default 20000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs, subsampling and k-means (default 0)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the inputs, subsampling and k-means (default 0)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 

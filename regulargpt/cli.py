@@ -8,18 +8,36 @@ A :class:`~regulargpt.errors.UserError` (ConfigError, DataError, CheckpointError
 than 0 prefix the line with their rank, so an error only one rank sees is still reported. Any other exception is a bug
 and propagates with its traceback; Ctrl-C that reaches ``main`` prints ``interrupted`` and exits 130. ``main``'s return
 value is the exit status (None means 0).
+
+The argparse ``type=`` functions below validate a flag's value when it is parsed, so a bad one fails like any
+argparse error, naming the flag, with exit status 2::
+
+    p.add_argument("--steps", type=positive_int)     # --steps 0 → error: argument --steps: '0': expected an integer >= 1
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from regulargpt.errors import UserError
 
-__all__ = ["USAGE_ERROR", "INTERRUPTED", "report", "run"]
+__all__ = [
+    "USAGE_ERROR",
+    "INTERRUPTED",
+    "report",
+    "run",
+    "positive_int",
+    "non_negative_int",
+    "positive_float",
+    "non_negative_float",
+    "fraction",
+    "positive_ints",
+]
 
 USAGE_ERROR = 2  # exit status of a user error, as argparse uses for bad flags
 INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT (128 + 2)
@@ -44,3 +62,52 @@ def run(main: Callable[[], int | None]) -> NoReturn:
         print("interrupted", file=sys.stderr, flush=True)
         sys.exit(INTERRUPTED)
     sys.exit(status or 0)
+
+
+# ------------------------------------------------------------------------------------- argparse value types
+
+
+def _number(text: str, kind: type, ok: Callable[[float], bool], expected: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1, e.g. ``--steps 1000``."""
+    return _number(text, int, lambda v: v >= 1, "an integer >= 1")
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0, e.g. ``--seed 0`` or a count where 0 means "the default"."""
+    return _number(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0, e.g. ``--lr 3e-4``."""
+    return _number(text, float, lambda v: v > 0, "a finite number > 0")
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0, e.g. ``--hours 0`` (0 = no limit)."""
+    return _number(text, float, lambda v: v >= 0, "a finite number >= 0")
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1], e.g. ``--top-p 0.95``."""
+    return _number(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
+def positive_ints(text: str) -> list[int]:
+    """Comma-separated integers >= 1, sorted and without repeats, e.g. ``--lengths 512,1024,2048``."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024,2048") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers >= 1")
+    return sorted(set(values))

@@ -6,10 +6,18 @@ A config file is a JSON object with up to six sections::
      "model": {...}, "data": {...}, "train": {...}, "eval": {...}, "logging": {...},
      "deepspeed": {...}}                   # passed through to DeepSpeed unchanged (a plain dict)
 
-Every section is a dataclass below. Loading is strict: an unknown key, a wrong type or an impossible value raises
-:class:`ConfigError`, whose message names the file, the key path, the value and what is allowed, e.g.::
+Every section is a frozen dataclass below that validates itself in ``__post_init__``, so an invalid config object
+cannot exist (``dataclasses.replace`` validates too) and code below trusts the values it reads. Loading is strict: an
+unknown key, a wrong type or an impossible value raises :class:`ConfigError`, whose message names the file, the key
+path, the value and what is allowed, e.g.::
 
     configs/tiny/regular_gpt.json: model.chunk_sise: unknown key; did you mean 'chunk_size'?
+    configs/tiny/regular_gpt.json: train.lr: 0.0 is not allowed; expected a number > 0
+
+There is one config class per trainer: :class:`Config` for language-model pretraining (all six sections) and
+:class:`FormalConfig` for formal-language training (no ``deepspeed`` section; its ``train`` section,
+:class:`FormalTrainConfig`, has no schedule, accumulation, precision or ZeRO keys). ``load_config(path, kind=...)``
+picks the class.
 
 Command-line overrides use dotted paths and are converted to the field's type: ``--set model.chunk_size=4``,
 ``--set train.lr=3e-4``, ``--set eval.lengths=64,128,256``. A resolved config round-trips through JSON unchanged:
@@ -25,7 +33,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from regulargpt.errors import UserError
 from regulargpt.files import atomic_write_text, read_json_object
@@ -38,6 +46,9 @@ __all__ = [
     "EvalConfig",
     "LoggingConfig",
     "Config",
+    "FormalTrainConfig",
+    "FormalConfig",
+    "formal_config_from_saved",
     "load_config",
     "load_config_dict",
     "config_to_dict",
@@ -53,14 +64,29 @@ class ConfigError(UserError, ValueError):
     """A config problem a user can fix; the message names the file, the key path, the value and what is allowed."""
 
 
+class _Section:
+    """Base of the config sections: a section validates itself in ``__post_init__`` and names its failures
+    ``<section>.<key>``."""
+
+    section: ClassVar[str] = ""
+
+    def _fail(self, key: str, value: Any, expected: str) -> typing.NoReturn:
+        raise ConfigError(f"{self.section}.{key}: {value!r} is not allowed; expected {expected}")
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) <= 0:
+                self._fail(name, getattr(self, name), "a number > 0")
+
+
 Architecture = Literal["regular_gpt", "transformer", "rnn", "lstm"]
 Position = Literal[
     "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative"
 ]
 
 
-@dataclass
-class ModelConfig:
+@dataclass(frozen=True)
+class ModelConfig(_Section):
     """The network. `architecture` picks the family; the other fields apply where they make sense.
 
     RegularGPT: `chunk_size` C, `thickness` K, adaptive depth ceil(log_C T) depth steps of one shared block of K
@@ -101,38 +127,40 @@ class ModelConfig:
     depth_scaled_init: bool = False  # output projections (attention, FFN) at init std / sqrt(2 · layer applications)
     attention_memory_mb: int = 256  # dense baselines: query-chunk size is chosen so one score block stays under this
 
-    def validate(self) -> None:
-        _positive(self, "vocab_size", "d_model", "n_heads", "n_layers", "ffn_mult", "attention_memory_mb")
+    section: ClassVar[str] = "model"
+
+    def __post_init__(self) -> None:
+        self._positive("vocab_size", "d_model", "n_heads", "n_layers", "ffn_mult", "attention_memory_mb")
         if self.d_model % self.n_heads:
-            _fail("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
+            self._fail("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
         if self.chunk_size < 2:
-            _fail("chunk_size", self.chunk_size, "an integer >= 2 (C = 1 would never grow the receptive field)")
+            self._fail("chunk_size", self.chunk_size, "an integer >= 2 (C = 1 would never grow the receptive field)")
         if self.thickness < 1:
-            _fail("thickness", self.thickness, "an integer >= 1")
+            self._fail("thickness", self.thickness, "an integer >= 1")
         if self.head == "classifier" and self.num_classes < 2:
-            _fail("num_classes", self.num_classes, "an integer >= 2 when head is 'classifier'")
+            self._fail("num_classes", self.num_classes, "an integer >= 2 when head is 'classifier'")
         if self.architecture != "transformer" and self.position not in ("none",):
-            _fail("position", self.position, f"'none' for architecture {self.architecture!r} (positions are transformer-only)")
+            self._fail("position", self.position, f"'none' for architecture {self.architecture!r} (positions are transformer-only)")
         if self.architecture in ("rnn", "lstm") and self.head != "classifier":
-            _fail("head", self.head, "'classifier' for rnn/lstm (they are formal-language baselines)")
+            self._fail("head", self.head, "'classifier' for rnn/lstm (they are formal-language baselines)")
         if self.position == "learned" and self.max_positions < 1:
-            _fail("max_positions", self.max_positions, "an integer >= 1 when position is 'learned'")
+            self._fail("max_positions", self.max_positions, "an integer >= 1 when position is 'learned'")
         if self.position == "rope" and (self.d_model // self.n_heads) % 2:
-            _fail("position", "rope", f"an even head dimension (d_model/n_heads = {self.d_model // self.n_heads})")
+            self._fail("position", "rope", f"an even head dimension (d_model/n_heads = {self.d_model // self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
-            _fail("dropout", self.dropout, "a probability in [0, 1)")
+            self._fail("dropout", self.dropout, "a probability in [0, 1)")
         if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
-            _fail("t5_max_distance", self.t5_max_distance, f"> t5_num_buckets // 2 = {self.t5_num_buckets // 2}")
+            self._fail("t5_max_distance", self.t5_max_distance, f"> t5_num_buckets // 2 = {self.t5_num_buckets // 2}")
         if self.rope_base <= 1.0:
-            _fail("rope_base", self.rope_base, "a number > 1")
+            self._fail("rope_base", self.rope_base, "a number > 1")
         if self.init_std <= 0:
-            _fail("init_std", self.init_std, "a number > 0")
+            self._fail("init_std", self.init_std, "a number > 0")
         if self.embedding_init_std < 0:
-            _fail("embedding_init_std", self.embedding_init_std, "a number >= 0 (0 = init_std)")
+            self._fail("embedding_init_std", self.embedding_init_std, "a number >= 0 (0 = init_std)")
         if self.train_length < 0:
-            _fail("train_length", self.train_length, "an integer >= 0 (0 = data.seq_len)")
+            self._fail("train_length", self.train_length, "an integer >= 0 (0 = data.seq_len)")
         if self.depth_policy != "adaptive" and (self.architecture != "regular_gpt" or self.head != "lm"):
-            _fail("depth_policy", self.depth_policy,
+            self._fail("depth_policy", self.depth_policy,
                   "'adaptive' unless architecture is 'regular_gpt' with head 'lm' (tree mode reads one position)")
 
     @property
@@ -140,8 +168,8 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
 
-@dataclass
-class DataConfig:
+@dataclass(frozen=True)
+class DataConfig(_Section):
     """Where training examples come from: a token-shard folder (language modelling) or a formal-language task."""
 
     path: str = ""  # folder written by data_prep/prepare.py
@@ -151,29 +179,62 @@ class DataConfig:
     min_length: int = 1  # formal: training lengths drawn uniformly from min_length..max_length, one per batch
     max_length: int = 40
 
-    def validate(self) -> None:
-        _positive(self, "seq_len", "min_length", "max_length")
+    section: ClassVar[str] = "data"
+
+    def __post_init__(self) -> None:
+        self._positive("seq_len", "min_length", "max_length")
         if self.max_length < self.min_length:
-            _fail("max_length", self.max_length, f">= min_length={self.min_length}")
+            self._fail("max_length", self.max_length, f">= min_length={self.min_length}")
 
 
-@dataclass
-class TrainConfig:
-    """Optimisation. `steps` counts optimizer steps; one step = grad_accum micro-batches per rank."""
+@dataclass(frozen=True)
+class FormalTrainConfig(_Section):
+    """Optimisation in the formal-language trainer: one process, Adam, global-norm clipping, a constant rate.
+
+    `batch_size` is the whole batch of one step (the paper's 128); `steps` counts optimizer steps.
+    """
 
     seed: int = 0
     steps: int = 1000
     lr: float = 3e-4
-    schedule: Literal["constant", "cosine"] = "constant"
-    warmup_fraction: float = 0.0
-    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    batch_size: int = 32  # micro-batch per rank (formal tasks: the whole batch)
-    grad_accum: int = 1
+    batch_size: int = 32  # the whole batch of one step
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    log_every: int = 10
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
+
+    section: ClassVar[str] = "train"
+
+    def __post_init__(self) -> None:
+        self._positive("steps", "lr", "eps", "batch_size", "log_every")
+        if self.seed < 0:
+            self._fail("seed", self.seed, "an integer >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                self._fail(name, getattr(self, name), "a number in [0, 1)")
+        for name in ("weight_decay", "grad_clip", "save_every", "max_bad_steps"):
+            if getattr(self, name) < 0:
+                self._fail(name, getattr(self, name), "a number >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig(FormalTrainConfig):
+    """Optimisation in the language-model trainer: the formal trainer's fields, plus the LR schedule, gradient
+    accumulation, precision, ZeRO, checkpoint cadence and validation. `steps` counts optimizer steps; one step =
+    grad_accum micro-batches per rank.
+
+    `batch_size` here is the micro-batch per rank: a step sees batch_size x grad_accum x ranks sequences.
+    """
+
+    batch_size: int = 32  # micro-batch per rank (global batch = batch_size x grad_accum x ranks)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_fraction: float = 0.0
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    grad_accum: int = 1
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     zero_stage: int = 0
     activation_checkpointing: bool = False
@@ -181,12 +242,9 @@ class TrainConfig:
     # it. Off by default: measured on this CPU (docs/PERFORMANCE.md, "torch.compile") it costs ~20-90 CPU-seconds
     # of compilation per run and shape.
     compile: bool = False
-    log_every: int = 10
     eval_every: int = 0  # validation every N steps; 0 = only at the end
     eval_batches: int = 8
-    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     keep_last: int = 2
-    max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
     # Seconds a collective (all-reduce, barrier, ZeRO gather) waits for the other ranks before it fails: a hung or
     # unreachable node ends the job after at most this long (a crashed one at once: its sockets close). It must exceed
     # the longest work one rank does while the others wait at a barrier: rank 0 writing model.pt at the end.
@@ -195,30 +253,24 @@ class TrainConfig:
     # each (regulargpt.train.engine.lr_factor). Written by --extend-to, not meant to be set by hand.
     extended_from: list[int] = field(default_factory=list)
 
-    def validate(self) -> None:
-        _positive(self, "steps", "lr", "eps", "batch_size", "grad_accum", "log_every", "eval_batches", "keep_last",
-                  "dist_timeout_s")
-        if self.seed < 0:
-            _fail("seed", self.seed, "an integer >= 0")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._positive("grad_accum", "eval_batches", "keep_last", "dist_timeout_s")
         if not 0.0 <= self.warmup_fraction < 1.0:
-            _fail("warmup_fraction", self.warmup_fraction, "a fraction in [0, 1)")
+            self._fail("warmup_fraction", self.warmup_fraction, "a fraction in [0, 1)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            _fail("min_lr_ratio", self.min_lr_ratio, "a fraction in [0, 1]")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                _fail(name, getattr(self, name), "a number in [0, 1)")
+            self._fail("min_lr_ratio", self.min_lr_ratio, "a fraction in [0, 1]")
         if self.zero_stage not in (0, 1, 2, 3):
-            _fail("zero_stage", self.zero_stage, "one of 0, 1, 2, 3")
-        for name in ("weight_decay", "grad_clip", "eval_every", "save_every", "max_bad_steps"):
-            if getattr(self, name) < 0:
-                _fail(name, getattr(self, name), "a number >= 0")
+            self._fail("zero_stage", self.zero_stage, "one of 0, 1, 2, 3")
+        if self.eval_every < 0:
+            self._fail("eval_every", self.eval_every, "a number >= 0")
         bounds = [0, *self.extended_from, self.steps]
         if any(a >= b for a, b in zip(bounds, bounds[1:])):
-            _fail("extended_from", self.extended_from, f"increasing steps between 0 and steps={self.steps}, exclusive")
+            self._fail("extended_from", self.extended_from, f"increasing steps between 0 and steps={self.steps}, exclusive")
 
 
-@dataclass
-class EvalConfig:
+@dataclass(frozen=True)
+class EvalConfig(_Section):
     """Evaluation lengths and protocol (language modelling) or range evaluation (formal languages)."""
 
     # Language models: eval/extrapolate.py reads these from the run's saved config; its flags override them.
@@ -231,16 +283,18 @@ class EvalConfig:
     samples_per_length: int = 512
     score_min_length: int = 41  # formal: the score averages lengths score_min_length..max_length
 
-    def validate(self) -> None:
+    section: ClassVar[str] = "eval"
+
+    def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(x, int) or x < 1 for x in self.lengths):
-            _fail("lengths", self.lengths, "a non-empty list of integers >= 1")
-        _positive(self, "memory_gb", "max_length", "samples_per_length", "score_min_length")
+            self._fail("lengths", self.lengths, "a non-empty list of integers >= 1")
+        self._positive("memory_gb", "max_length", "samples_per_length", "score_min_length")
         if self.stride < 0 or self.tokens < 0:
-            _fail("stride" if self.stride < 0 else "tokens", min(self.stride, self.tokens), "an integer >= 0")
+            self._fail("stride" if self.stride < 0 else "tokens", min(self.stride, self.tokens), "an integer >= 0")
 
 
-@dataclass
-class LoggingConfig:
+@dataclass(frozen=True)
+class LoggingConfig(_Section):
     """Console and experiment tracking. wandb runs offline when no API key is configured."""
 
     wandb: bool = False
@@ -248,13 +302,22 @@ class LoggingConfig:
     run_name: str = ""
     progress: bool = True  # tqdm progress bars
 
-    def validate(self) -> None:
+    section: ClassVar[str] = "logging"
+
+    def __post_init__(self) -> None:
         if self.wandb and not self.project:
-            _fail("project", self.project, "a non-empty wandb project name when wandb is on")
+            self._fail("project", self.project, "a non-empty wandb project name when wandb is on")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
+    """The language-model trainer's config (launch/pretrain.py); formal-language training uses :class:`FormalConfig`.
+
+    Every section validates itself on construction, and this class checks what spans sections, so a Config that
+    exists is valid (``dataclasses.replace`` validates too). `model.train_length` 0 is resolved here to
+    `data.seq_len` for a RegularGPT language model, so a saved one carries the length its ``train`` depth policy needs.
+    """
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -262,13 +325,33 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)  # merged over the DeepSpeed config built from `train`
 
-    def validate(self) -> None:
-        for section in ("model", "data", "train", "eval", "logging"):
-            try:
-                getattr(self, section).validate()
-            except _FieldError as err:
-                raise ConfigError(f"{section}.{err.key}: {err.value!r} is not allowed; expected {err.expected}") from None
+    def __post_init__(self) -> None:
+        model = self.model
+        if model.train_length == 0 and model.architecture == "regular_gpt" and model.head == "lm":
+            object.__setattr__(self, "model", dataclasses.replace(model, train_length=self.data.seq_len))
         _check_deepspeed_passthrough(self.deepspeed, self.train)
+
+
+@dataclass(frozen=True)
+class FormalConfig:
+    """The formal-language trainer's config (launch/train_formal.py, the formal sweeps): a sequence classifier
+    trained in one process with Adam at a constant rate, so the language-model trainer's schedule, accumulation,
+    precision, ZeRO and DeepSpeed settings are not fields here (setting one is an unknown-key error).
+
+    `data` reads task, task_options, min_length and max_length; `eval` reads max_length, samples_per_length and
+    score_min_length (the language-model fields of those two sections are accepted and unused).
+    """
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(head="classifier", num_classes=2))
+    data: DataConfig = field(default_factory=DataConfig)
+    train: FormalTrainConfig = field(default_factory=FormalTrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.head != "classifier":
+            raise ConfigError(f"model.head: {self.model.head!r} is not allowed; expected 'classifier' (formal-language "
+                              f"training trains a sequence classifier)")
 
 
 # DeepSpeed keys the typed `train` fields set (regulargpt.train.engine.deepspeed_config): a pass-through value may
@@ -313,24 +396,6 @@ _ABSENT = object()
 
 
 # ----------------------------------------------------------------------------------------------------- validation
-
-
-class _FieldError(ConfigError):
-    """Raised by a section's validate(); Config.validate() prefixes the section name."""
-
-    def __init__(self, key: str, value: Any, expected: str) -> None:
-        super().__init__(f"{key}: {value!r} is not allowed; expected {expected}")
-        self.key, self.value, self.expected = key, value, expected
-
-
-def _fail(key: str, value: Any, expected: str) -> typing.NoReturn:
-    raise _FieldError(key, value, expected)
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) <= 0:
-            _fail(name, getattr(obj, name), "a number > 0")
 
 
 def _type_name(tp: Any) -> str:
@@ -394,31 +459,49 @@ def build_section(cls: type, raw: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "logging": LoggingConfig}
+AnyConfig = TypeVar("AnyConfig", Config, FormalConfig)
 
 
-def load_config_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
-    """Build and validate a :class:`Config` from an already-merged dict (no ``extends``)."""
+def _sections(kind: type) -> dict[str, Any]:
+    """Top-level key -> its type: a section dataclass, or ``dict[str, Any]`` for a pass-through object."""
+    return typing.get_type_hints(kind)
+
+
+def load_config_dict(raw: dict[str, Any], source: str = "<dict>", kind: type[AnyConfig] = Config) -> AnyConfig:
+    """Build a validated `kind` (:class:`Config` or :class:`FormalConfig`) from an already-merged dict (no
+    ``extends``); ConfigError naming `source` and the key for an unknown key, a wrong type or an impossible value."""
     try:
         if not isinstance(raw, dict):
             raise ConfigError(f"top level: expected a JSON object, got {type(raw).__name__}")
-        allowed = list(_SECTIONS) + ["deepspeed"]
+        types = _sections(kind)
         for key in raw:
-            if key not in allowed:
-                raise ConfigError(f"{key}: unknown section; {_did_you_mean(key, allowed)}")
-        sections = {name: build_section(cls, raw.get(name, {}), name) for name, cls in _SECTIONS.items()}
-        deepspeed = raw.get("deepspeed", {})
-        if not isinstance(deepspeed, dict):
-            raise ConfigError(f"deepspeed: expected a JSON object, got {deepspeed!r}")
-        model = sections["model"]
-        if model.train_length == 0 and model.architecture == "regular_gpt" and model.head == "lm":
-            # resolved here, so a saved RegularGPT LM carries the training length its `train` depth policy needs
-            sections["model"].train_length = sections["data"].seq_len
-        cfg = Config(**sections, deepspeed=dict(deepspeed))
-        cfg.validate()
+            if key not in types:
+                raise ConfigError(f"{key}: unknown section; {_did_you_mean(key, list(types))}")
+        values: dict[str, Any] = {}
+        for name, tp in types.items():
+            if dataclasses.is_dataclass(tp):
+                values[name] = build_section(tp, raw.get(name, {}), name)
+            elif isinstance(raw.get(name, {}), dict):
+                values[name] = dict(raw.get(name, {}))
+            else:
+                raise ConfigError(f"{name}: expected a JSON object, got {raw[name]!r}")
+        return kind(**values)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
-    return cfg
+
+
+def formal_config_from_saved(raw: dict[str, Any], source: str) -> FormalConfig:
+    """A :class:`FormalConfig` from a formal run's saved config, also in the layout written before FormalConfig
+    existed: that was a whole :class:`Config`, whose language-model-only keys (``deepspeed``, and ``train.schedule``,
+    ``grad_accum``, ``precision``, ``zero_stage``, ... ) the formal trainer either required at their defaults or
+    never read, so they are dropped."""
+    if isinstance(raw, dict) and "deepspeed" in raw:
+        formal = {f.name for f in dataclasses.fields(FormalTrainConfig)}
+        train = raw.get("train", {})
+        raw = {k: v for k, v in raw.items() if k != "deepspeed"}
+        if isinstance(train, dict):
+            raw["train"] = {k: v for k, v in train.items() if k in formal}
+    return load_config_dict(raw, source, FormalConfig)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -469,8 +552,8 @@ def _parse_override_value(text: str, tp: Any, where: str) -> Any:
     return text
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides to a raw config dict, converting each value to its field's type.
+def apply_overrides(raw: dict[str, Any], overrides: list[str], kind: type = Config) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to a raw `kind` config dict, converting each value to its field's type.
 
     ``deepspeed.*`` keys take JSON values (``--set deepspeed.zero_optimization={"stage":2}``) or plain strings.
     """
@@ -480,22 +563,22 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. model.chunk_size=4")
         path, text = item.split("=", 1)
         parts = path.strip().split(".")
-        if parts[0] == "deepspeed" and len(parts) >= 2:
+        sections = {name: tp for name, tp in _sections(kind).items() if dataclasses.is_dataclass(tp)}
+        if parts[0] in _sections(kind) and parts[0] not in sections and len(parts) >= 2:  # a pass-through object
             try:
                 value: Any = json.loads(text)
             except json.JSONDecodeError:
                 value = text
-            node = out.setdefault("deepspeed", {})
+            node = out.setdefault(parts[0], {})
             for p in parts[1:-1]:
                 node = node.setdefault(p, {})
             node[parts[-1]] = value
             continue
-        if len(parts) != 2 or parts[0] not in _SECTIONS:
-            allowed = list(_SECTIONS)
-            hint = _did_you_mean(parts[0], allowed) if parts[0] not in _SECTIONS else "use SECTION.KEY"
+        if len(parts) != 2 or parts[0] not in sections:
+            hint = _did_you_mean(parts[0], list(sections)) if parts[0] not in sections else "use SECTION.KEY"
             raise ConfigError(f"--set {item}: {path!r} is not a SECTION.KEY path; {hint}")
         section, key = parts
-        cls = _SECTIONS[section]
+        cls = sections[section]
         names = [f.name for f in dataclasses.fields(cls)]
         if key not in names:
             raise ConfigError(f"--set {item}: {section}.{key}: unknown key; {_did_you_mean(key, names)}")
@@ -503,26 +586,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return out
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a JSON config (following ``extends``), apply ``--set`` overrides, and validate.
+def load_config(path: str | Path, overrides: list[str] | None = None, kind: type[AnyConfig] = Config) -> AnyConfig:
+    """Load a JSON config (following ``extends``), apply ``--set`` overrides, and validate it as `kind`.
 
     >>> cfg = load_config("configs/tiny/regular_gpt.json", ["model.chunk_size=4"])  # doctest: +SKIP
+    >>> cfg = load_config("configs/formal/parity_check.json", kind=FormalConfig)  # doctest: +SKIP
     """
     path = Path(path)
     raw = _load_raw(path)
     try:
-        raw = apply_overrides(raw, overrides or [])
+        raw = apply_overrides(raw, overrides or [], kind)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    return load_config_dict(raw, source=str(path))
+    return load_config_dict(raw, str(path), kind)
 
 
-def config_to_dict(cfg: Config) -> dict[str, Any]:
+def config_to_dict(cfg: Config | FormalConfig) -> dict[str, Any]:
     """The resolved config as plain JSON-able data (no ``extends``)."""
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
+def save_config(cfg: Config | FormalConfig, path: str | Path) -> None:
     """Write the resolved config atomically (temporary file + rename)."""
     atomic_write_text(Path(path), json.dumps(config_to_dict(cfg), indent=2, sort_keys=True) + "\n")
 

@@ -24,7 +24,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from regulargpt.config import Config, load_config_dict
+from regulargpt.config import FormalConfig, load_config_dict
 from regulargpt.tasks import Task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,8 +160,8 @@ def tiny_raw(**train: float) -> dict:
     }
 
 
-def tiny_cfg(**train: float) -> Config:
-    return load_config_dict(tiny_raw(**train))
+def tiny_cfg(**train: float) -> FormalConfig:
+    return load_config_dict(tiny_raw(**train), kind=FormalConfig)
 
 
 def formal_losses(run_dir: Path) -> list[float]:

@@ -63,3 +63,30 @@ def test_a_console_script_reports_a_user_error_in_one_line(tmp_path: Path, monke
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "no_such_config.json" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("launch/train_formal.py", ["--config", "c.json", "--run-dir", "r", "--threads", "-1"],
+     "argument --threads: '-1': expected an integer >= 0"),
+    ("launch/train_formal.py", ["--config", "c.json", "--run-dir", "r", "--time-to-solve", "0"],
+     "argument --time-to-solve: '0': expected an integer >= 1"),
+    ("eval/formal.py", ["sweep", "--profile", "quick", "--out", "o", "--workers", "0"],
+     "argument --workers: '0': expected an integer >= 1"),
+    ("eval/formal.py", ["sweep", "--profile", "quick", "--out", "o", "--lrs", "nan"],
+     "argument --lrs: 'nan': expected a finite number > 0"),
+    ("eval/formal.py", ["range", "--run", "r", "--out", "o", "--p-one", "1.5"],
+     "argument --p-one: '1.5': expected a number in [0, 1]"),
+    ("eval/extrapolate.py", ["--runs", "r", "--data", "d", "--out", "o", "--lengths", "64,x"],
+     "argument --lengths: '64,x': expected comma-separated integers"),
+    ("launch/generate.py", ["m.pt", "--prompt", "x", "--num-samples", "0"],
+     "argument --num-samples: '0': expected an integer >= 1"),
+    ("eval/plan_scale.py", ["--batch", "0"], "argument --batch: '0': expected an integer >= 1"),
+])
+def test_a_bad_flag_value_is_an_argparse_error_naming_the_flag(script: str, argv: list[str], message: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Numbers that must be positive or in a range are checked when parsed (regulargpt.cli's argparse types):
+    exit status 2 and argparse's usual ``error: argument --flag: ...`` line, before anything runs."""
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(script).main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

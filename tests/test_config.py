@@ -5,7 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from regulargpt.config import ConfigError, config_to_dict, load_config, load_config_dict, save_config
+from regulargpt.config import (
+    Config,
+    ConfigError,
+    FormalConfig,
+    config_to_dict,
+    load_config,
+    load_config_dict,
+    save_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,11 +30,12 @@ def test_every_shipped_config_loads_and_round_trips(tmp_path):
                    if not (f.parent.name == "formal" and f.name in fragments) and f.parent.name not in fragments)
     assert len(files) >= 16 + 19
     for f in files:
-        cfg = load_config(f)
-        again = load_config_dict(json.loads(json.dumps(config_to_dict(cfg))))
+        kind = FormalConfig if f.parent.name == "formal" else Config  # one config class per trainer
+        cfg = load_config(f, kind=kind)
+        again = load_config_dict(json.loads(json.dumps(config_to_dict(cfg))), kind=kind)
         assert again == cfg, f
         save_config(cfg, tmp_path / "resolved.json")
-        assert load_config(tmp_path / "resolved.json") == cfg
+        assert load_config(tmp_path / "resolved.json", kind=kind) == cfg
 
 
 def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
@@ -113,3 +122,25 @@ def test_base_config_depth_matches_twelve_layer_applications():
     base = load_config(ROOT / "configs/base.json")
     assert base.model.thickness * adaptive_depth(base.data.seq_len, base.model.chunk_size) == 12
     assert load_config(ROOT / "configs/baselines/alibi.json").model.n_layers == 12
+
+
+def test_an_invalid_config_object_cannot_exist() -> None:
+    """Sections validate on construction (and so does dataclasses.replace, which constructs); the message names the
+    section and key; a validated config cannot be mutated."""
+    import dataclasses
+
+    from regulargpt.config import Config, ModelConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"model.chunk_size: 1 is not allowed; expected an integer >= 2"):
+        ModelConfig(chunk_size=1)
+    cfg = load_config(ROOT / "configs/tiny/regular_gpt.json")
+    with pytest.raises(ConfigError, match=r"train.lr: 0.0 is not allowed; expected a number > 0"):
+        dataclasses.replace(cfg.train, lr=0.0)
+    with pytest.raises(ConfigError, match=r"deepspeed.zero_optimization.stage: 3 contradicts train.zero_stage=0"):
+        dataclasses.replace(cfg, deepspeed={"zero_optimization": {"stage": 3}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.steps = 0  # type: ignore[misc]
+    assert Config(data=dataclasses.replace(cfg.data, seq_len=24)).model.train_length == 24  # resolved on construction
+    with pytest.raises(ConfigError, match=r"x.json: train.batch_size: 0 is not allowed"):
+        load_config_dict({"train": {"batch_size": 0}}, source="x.json")
+    assert TrainConfig().batch_size == 32

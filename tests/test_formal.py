@@ -270,11 +270,50 @@ def test_a_run_saved_before_a_config_field_existed_still_resumes(tmp_path: Path)
     cfg = tiny_cfg(steps=4)
     train_formal(cfg, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "config.resolved.json").read_text())
-    del saved["train"]["extended_from"], saved["model"]["depth_policy"]
+    del saved["train"]["max_bad_steps"], saved["model"]["depth_policy"]
     (tmp_path / "run" / "config.resolved.json").write_text(json.dumps(saved))
     assert train_formal(cfg, tmp_path / "run").is_file()
     with pytest.raises(ConfigError, match="train.steps"):
         train_formal(tiny_cfg(steps=5), tmp_path / "run")
+
+
+def test_a_run_saved_as_a_language_model_config_still_resumes_and_aggregates(tmp_path: Path) -> None:
+    """Before FormalConfig, formal runs saved a whole language-model Config (deepspeed, train.schedule, grad_accum,
+    precision, zero_stage, ...: fixtures/formal_config_resolved_v1.json, written by that code for the quick
+    profile's parity_check/regular_gpt_c2 seed 0). It still reads as the same config, with the same recipe, so old
+    runs resume and their tables stay valid; a config file that sets one of those keys is an unknown-key error."""
+    from regulargpt.config import FormalConfig, formal_config_from_saved, load_config
+    from regulargpt.experiments.formal_sweep import recipe_id
+
+    saved = json.loads((Path(__file__).parent / "fixtures" / "formal_config_resolved_v1.json").read_text())
+    old = formal_config_from_saved(saved, "v1")
+    spec = next(s for s in plan_runs(load_profile("quick", CONFIGS), "unused", configs_dir=CONFIGS, seeds=[0])
+                if s.task_id == "parity_check" and s.model == "regular_gpt_c2" and s.lr == saved["train"]["lr"])
+    assert old == spec.cfg and recipe_id(old) == spec.recipe == "61cdcbe16e01"
+
+    cfg = tiny_cfg(steps=4)  # a run directory whose config.resolved.json has the old layout resumes
+    train_formal(tiny_cfg(steps=2), tmp_path / "run")
+    (tmp_path / "run" / "model.pt").unlink()
+    written = json.loads((tmp_path / "run" / "config.resolved.json").read_text())
+    lm_only = {k: v for k, v in saved["train"].items() if k not in written["train"]}  # as the old code wrote them
+    assert {"schedule", "grad_accum", "precision", "zero_stage"} <= set(lm_only)
+    legacy = {**written, "train": {**lm_only, **written["train"]}, "deepspeed": {}}
+    (tmp_path / "run" / "config.resolved.json").write_text(json.dumps(legacy))
+    assert train_formal(tiny_cfg(steps=2), tmp_path / "run").is_file()
+    with pytest.raises(ConfigError, match="train.steps"):
+        train_formal(cfg, tmp_path / "run")
+
+    config = tmp_path / "lm_keys.json"
+    config.write_text(json.dumps({"extends": str(CONFIGS / "parity_check.json"), "train": {"grad_acum": 2}}))
+    with pytest.raises(ConfigError, match=r"lm_keys.json: train.grad_acum: unknown key; did you mean 'grad_clip'"):
+        load_config(config, kind=FormalConfig)
+    config.write_text(json.dumps({"extends": str(CONFIGS / "parity_check.json"), "train": {"precision": "bf16"}}))
+    with pytest.raises(ConfigError, match=r"lm_keys.json: train.precision: unknown key"):
+        load_config(config, kind=FormalConfig)
+    with pytest.raises(ConfigError, match=r"model.head: 'lm' is not allowed; expected 'classifier'"):
+        load_config(CONFIGS / "parity_check.json", ["model.head=lm"], FormalConfig)
+    with pytest.raises(ConfigError, match=r"deepspeed: unknown section"):
+        load_config_dict({**tiny_raw(), "deepspeed": {}}, kind=FormalConfig)
 
 
 def test_a_run_trained_in_slices_equals_one_run_and_the_long_run_report(tmp_path: Path) -> None:

@@ -16,13 +16,13 @@ import argparse
 import os
 from typing import NoReturn
 
-from regulargpt.cli import run
+from regulargpt.cli import positive_int, run
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", help="training run directory, e.g. runs/regular_gpt-seed0")
-    p.add_argument("--step", type=int, help="checkpoint step to export (default: the one 'latest' names), e.g. 1000")
+    p.add_argument("--step", type=positive_int, help="checkpoint step to export (default: the one 'latest' names), e.g. 1000")
     p.add_argument("--out", help="output file (default RUN_DIR/model.pt), e.g. --out exports/rgpt.pt")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only checkpoint files are read

@@ -29,40 +29,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from regulargpt.checkpoint import CheckpointError
-from regulargpt.cli import run
+from regulargpt.cli import non_negative_int, positive_float, positive_ints, run
 from regulargpt.evaluation.lm_report import load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
-
-
-def _lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024,2048") from None
-    if not lengths or min(lengths) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: lengths must be integers >= 1")
-    return sorted(set(lengths))
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
-    return value
 
 
 def _device(name: str) -> torch.device:
@@ -79,25 +49,25 @@ def parser() -> argparse.ArgumentParser:
                    help="run directories holding model.pt (or model.pt paths), e.g. --runs runs/alibi-seed0 runs/t5-seed0")
     p.add_argument("--data", required=True, help="prepared data folder (data_prep/prepare.py), e.g. --data data/python-stdlib")
     p.add_argument("--split", default="test", help="held-out split to score (default test), e.g. --split val")
-    p.add_argument("--lengths", type=_lengths, default=None,
+    p.add_argument("--lengths", type=positive_ints, default=None,
                    help="evaluation lengths (default: the run's eval.lengths), e.g. --lengths 64,128,256")
     p.add_argument("--out", required=True, help="output folder (results.jsonl, table.md, plots), e.g. --out results/lm")
     p.add_argument("--protocol", choices=("nonoverlapping", "sliding"), default=None,
                    help="nonoverlapping: windows of L, every token scored (KERPLE/ALiBi); sliding: windows advance by "
                         "--stride and score only their new tokens (default: the run's eval.protocol)")
-    p.add_argument("--stride", type=_non_negative_int, default=None,
+    p.add_argument("--stride", type=non_negative_int, default=None,
                    help="sliding stride in tokens, <= every length (0 = L/2 at each length; default: the run's "
                         "eval.stride), e.g. --stride 32")
-    p.add_argument("--tokens", type=_non_negative_int, default=None,
+    p.add_argument("--tokens", type=non_negative_int, default=None,
                    help="tokens scored per length (0 = as many as the split holds, rounded to whole windows of every "
                         "length; default: the run's eval.tokens), e.g. --tokens 65536")
-    p.add_argument("--memory-gb", type=_positive_float, default=None,
+    p.add_argument("--memory-gb", type=positive_float, default=None,
                    help="activation memory budget; sets the batch size, and a length whose single window needs more "
                         "gets a skipped row (default: the run's eval.memory_gb), e.g. --memory-gb 16")
     p.add_argument("--depth-policy", choices=("adaptive", "train", "per_position"), default=None,
                    help="score RegularGPT runs with this depth policy instead of their own (same weights; rows are "
                         "labelled depth=POLICY), e.g. --depth-policy train")
-    p.add_argument("--batch-size", type=_non_negative_int, default=0,
+    p.add_argument("--batch-size", type=non_negative_int, default=0,
                    help="windows per forward, capped by --memory-gb (default 0 = the largest that fits), e.g. --batch-size 1")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the per-row lines are still printed)")

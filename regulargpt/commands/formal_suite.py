@@ -35,7 +35,7 @@ from typing import NoReturn
 import torch
 
 from regulargpt.checkpoint import load_model_file
-from regulargpt.cli import run
+from regulargpt.cli import fraction, non_negative_float, non_negative_int, positive_float, positive_int, run
 from regulargpt.evaluation.formal_scoring import (
     RangeEvalError,
     check_lengths,
@@ -236,11 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("range", help="per-length accuracy of one run (JSONL), and its score")
     p.add_argument("--run", required=True, help="run directory holding model.pt, e.g. runs/parity-c2")
     p.add_argument("--out", required=True, help="JSONL file; lengths already in it are skipped, e.g. DIR/range.jsonl")
-    p.add_argument("--max-length", type=int, default=0, help="longest length (0 = the run's eval.max_length, 500)")
-    p.add_argument("--samples", type=int, default=0, help="sequences per length (0 = eval.samples_per_length, 512)")
+    p.add_argument("--max-length", type=non_negative_int, default=0, help="longest length (0 = the run's eval.max_length, 500)")
+    p.add_argument("--samples", type=non_negative_int, default=0, help="sequences per length (0 = eval.samples_per_length, 512)")
     p.add_argument("--lengths", default="", help="length spec, e.g. 1-40,41-500:20 (default: every length)")
-    p.add_argument("--p-one", type=float, default=None, help="parity_check: evaluate at this P(1), e.g. 0.3")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--p-one", type=fraction, default=None, help="parity_check: evaluate at this P(1), e.g. 0.3")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     p.set_defaults(func=cmd_range)
 
     p = sub.add_parser("sweep", help="train + range-evaluate tasks x models x seeds x lrs (skips finished runs)")
@@ -248,12 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/formal/runs", help="runs folder (default results/formal/runs)")
     p.add_argument("--tasks", nargs="+", help="task configs, e.g. parity_check even_pairs (default: the profile's)")
     p.add_argument("--models", nargs="+", help="model presets, e.g. regular_gpt_c2 lstm (default: the profile's)")
-    p.add_argument("--seeds", nargs="+", type=int, help="seeds, e.g. 0 1 2 (default: the profile's)")
-    p.add_argument("--lrs", nargs="+", type=float, help="learning rates for every run, e.g. 1e-3 (default: profile)")
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, help="seeds, e.g. 0 1 2 (default: the profile's)")
+    p.add_argument("--lrs", nargs="+", type=positive_float, help="learning rates for every run, e.g. 1e-3 (default: profile)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run, e.g. --set train.log_every=50 (repeatable)")
-    p.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--workers", type=positive_int, default=1, help="parallel processes (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process (default 1)")
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
     p.set_defaults(func=cmd_sweep)
 
@@ -269,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
     p.add_argument("--tasks", nargs="+", default=["parity_check", "even_pairs", "cycle_navigation"],
                    help="tasks (default parity_check even_pairs cycle_navigation)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
-    p.add_argument("--every", type=int, default=100, help="steps between held-out checks (default 100)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--every", type=positive_int, default=100, help="steps between held-out checks (default 100)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--runs", default="runs/time_to_solve", help="runs folder (default runs/time_to_solve)")
     p.add_argument("--out", help="markdown report, e.g. results/formal/time_to_solve_t1.md")
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("pilot-steps", help="step counts from pilot runs' training-batch accuracy")
     p.add_argument("--runs", nargs="+", required=True, help="pilot run directories (metrics.jsonl logged)")
-    p.add_argument("--threshold", type=float, default=0.99, help="training-batch accuracy (default 0.99)")
-    p.add_argument("--factor", type=float, default=1.6, help="margin over the stable step (default 1.6)")
+    p.add_argument("--threshold", type=fraction, default=0.99, help="training-batch accuracy (default 0.99)")
+    p.add_argument("--factor", type=positive_float, default=1.6, help="margin over the stable step (default 1.6)")
     p.add_argument("--out", help="also write the table with its provenance, e.g. results/formal/pilot_steps.md")
     p.set_defaults(func=cmd_pilot_steps)
 
@@ -288,14 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="modular_arithmetic_5", help="task config (default modular_arithmetic_5)")
     p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
     p.add_argument("--profile", default="cpu", help="profile giving the recipe (default cpu)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (default 0 1 2)")
-    p.add_argument("--steps", type=int, default=100_000, help="target steps per seed (default 100000)")
-    p.add_argument("--slice", type=int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
-    p.add_argument("--every", type=int, default=500, help="steps between held-out checks (default 500)")
-    p.add_argument("--every-row", type=int, default=1000, help="steps between report table rows (default 1000)")
-    p.add_argument("--hours", type=float, default=0.0, help="stop after the slice that passes this many hours "
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--steps", type=positive_int, default=100_000, help="target steps per seed (default 100000)")
+    p.add_argument("--slice", type=positive_int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
+    p.add_argument("--every", type=positive_int, default=500, help="steps between held-out checks (default 500)")
+    p.add_argument("--every-row", type=positive_int, default=1000, help="steps between report table rows (default 1000)")
+    p.add_argument("--hours", type=non_negative_float, default=0.0, help="stop after the slice that passes this many hours "
                                                            "(default 0: run to --steps)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--runs", default="runs/formal_long", help="runs folder (default runs/formal_long)")
     p.add_argument("--out", default="results/formal/modular_arithmetic_5_long.md", help="markdown report (PNG beside)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from the runs so far")
@@ -303,11 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_long_run)
 
     args = parser.parse_args(argv)
-    for flag, low in (("every", 1), ("slice", 1), ("steps", 1), ("every_row", 1), ("max_length", 0), ("samples", 0),
-                      ("threads", 1), ("workers", 1), ("hours", 0)):
-        value = getattr(args, flag, low)  # not every subcommand has every flag
-        if value < low:
-            parser.error(f"--{flag.replace('_', '-')} {value}: expected a number >= {low}")
     return args.func(args)
 
 

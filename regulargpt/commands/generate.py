@@ -25,7 +25,7 @@ from typing import NoReturn
 # Before torch loads OpenMP: idle threads sleep instead of spinning (spinning is many times slower on a shared CPU).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import non_negative_int, positive_int, run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,13 +35,13 @@ def parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help='text to continue, e.g. --prompt "def "')
     source.add_argument("--prompt-file", type=Path, help="read the prompt from a file, e.g. --prompt-file start.py")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate at most (default 200)")
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=200, help="tokens to generate at most (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature, > 0 (default 0.8)")
-    p.add_argument("--top-k", type=int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
+    p.add_argument("--top-k", type=non_negative_int, default=50, help="sample from the k most likely tokens; 0 = all (default 50)")
     p.add_argument("--top-p", type=float, default=0.95,
                    help="sample from the smallest set of tokens with this total probability; 1 = all (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default 0), e.g. --seed 3")
-    p.add_argument("--num-samples", type=int, default=1, help="continuations to generate, as one batch (default 1)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the sampler (default 0), e.g. --seed 3")
+    p.add_argument("--num-samples", type=positive_int, default=1, help="continuations to generate, as one batch (default 1)")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token (no sampling)")
     p.add_argument("--stream", action="store_true", help="print each token as it is generated (one sample only)")
     p.add_argument("--depth-policy", choices=["train", "per_position", "adaptive"],

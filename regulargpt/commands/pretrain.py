@@ -27,7 +27,7 @@ from typing import NoReturn
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 PARENT_AT_START = os.getppid()  # before the slow imports: a launcher killed meanwhile is noticed (train/stopping.py)
 
-from regulargpt.cli import run  # noqa: E402
+from regulargpt.cli import positive_int, run  # noqa: E402
 from regulargpt.config import load_config  # noqa: E402
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (repeatable), e.g. --set train.zero_stage=2 --set data.path=data/tiny")
     p.add_argument("--run-dir", help="run directory (default runs/<config stem>-seed<seed>), e.g. --run-dir runs/a")
-    p.add_argument("--extend-to", type=int, metavar="N",
+    p.add_argument("--extend-to", type=positive_int, metavar="N",
                    help="continue the finished run in the run directory to N optimizer steps, the LR schedule "
                         "re-planned from its last step (docs/TRAINING.md); rerun with the same flag to resume, "
                         "e.g. --extend-to 20000")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from regulargpt.cli import run
+from regulargpt.cli import non_negative_int, positive_int, run
 from regulargpt.errors import UserError
 from regulargpt.files import atomic_write_text
 
@@ -184,7 +184,7 @@ class Queue:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", required=True, help="config files, e.g. --configs configs/tiny/*.json")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds, e.g. --seeds 0 1 2 (default 0)")
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0], help="training seeds, e.g. --seeds 0 1 2 (default 0)")
     p.add_argument("--data", nargs="+", required=True, help="prepared data folders, e.g. --data data/stdlib data/prose")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run (repeatable), e.g. --set train.steps=2000")
@@ -197,9 +197,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="extra argument for eval/extrapolate.py (repeatable), e.g. --eval-arg=--lengths=64,128")
     p.add_argument("--no-eval", action="store_true", help="submit only the pretraining jobs (no evaluation, no "
                                                          "comparison)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes per pretraining job (default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default 0: CPU ranks), e.g. 8")
-    p.add_argument("--cpus-per-task", type=int, default=0,
+    p.add_argument("--nodes", type=positive_int, default=1, help="nodes per pretraining job (default 1)")
+    p.add_argument("--gpus-per-node", type=non_negative_int, default=0, help="GPUs per node (default 0: CPU ranks), e.g. 8")
+    p.add_argument("--cpus-per-task", type=non_negative_int, default=0,
                    help="CPUs of the one task per node, shared by its ranks (default: SLURM's, 1), e.g. 64 for 8 GPUs")
     p.add_argument("--time", default="1-00:00:00", help="pretraining time limit (default 1-00:00:00)")
     p.add_argument("--eval-time", default="04:00:00", help="evaluation time limit (default 04:00:00)")

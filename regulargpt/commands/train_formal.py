@@ -16,8 +16,8 @@ from typing import NoReturn
 
 import torch
 
-from regulargpt.cli import run
-from regulargpt.config import ConfigError, load_config
+from regulargpt.cli import non_negative_int, positive_int, run
+from regulargpt.config import ConfigError, FormalConfig, load_config
 from regulargpt.train.formal_trainer import SolveCheck, formal_task, train_formal
 
 
@@ -27,18 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set model.chunk_size=3 (repeatable)")
     parser.add_argument("--run-dir", required=True, help="run directory; an existing run in it is resumed")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default), e.g. 1")
-    parser.add_argument("--time-to-solve", type=int, nargs="?", const=100, default=0, metavar="EVERY",
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0 = torch's default), e.g. 1")
+    parser.add_argument("--time-to-solve", type=positive_int, nargs="?", const=100, default=0, metavar="EVERY",
                         help="every EVERY steps (default 100) log the held-out score on lengths 41, 92, …, 500 (64 "
                              "strings each) to DIR/time_to_solve.jsonl; training is unchanged. e.g. --time-to-solve")
     args = parser.parse_args(argv)
-    if args.threads < 0:  # a UserError (one `error:` line, exit 2), before torch.set_num_threads could fail
-        raise ConfigError(f"--threads {args.threads}: expected an integer >= 0 (0 = torch's default)")
-    if args.time_to_solve < 0:
-        raise ConfigError(f"--time-to-solve {args.time_to_solve}: expected an integer >= 1 (steps)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, FormalConfig)
     try:
         formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
     except ConfigError as err:

@@ -30,6 +30,8 @@ class WindowSampler:
     Windows may cross document boundaries (each document ends with the eos id); draws are with replacement.
     With `vocab_size`, every batch is checked: a token id >= vocab_size is a DataError naming the file and position
     (scanning a whole split up front would cost minutes on a large corpus; a batch costs nothing).
+    `seq_len`, `micro_batch_size` and `seed` come from a validated config (data.seq_len >= 1, train.batch_size >= 1,
+    train.seed >= 0) and are not checked again here.
 
     Example:
 
@@ -39,12 +41,8 @@ class WindowSampler:
 
     def __init__(self, split: TokenSplit, seq_len: int, micro_batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1, vocab_size: int | None = None) -> None:
-        if seq_len < 1 or micro_batch_size < 1:
-            raise DataError(f"WindowSampler: seq_len {seq_len} and micro_batch_size {micro_batch_size} must be >= 1")
         if not 0 <= rank < world_size:
             raise DataError(f"WindowSampler: rank {rank} is not in [0, world_size={world_size})")
-        if seed < 0:
-            raise DataError(f"WindowSampler: seed {seed} must be >= 0")
         if len(split) < seq_len + 1:
             raise DataError(f"split {split.name!r} of {split.data_dir} has {len(split)} tokens, fewer than "
                             f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data")

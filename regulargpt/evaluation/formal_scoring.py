@@ -72,11 +72,9 @@ def parse_lengths(spec: str, max_length: int) -> list[int]:
 
 
 def check_lengths(model: ModelConfig, lengths: Iterable[int], where: str) -> None:
-    """Lengths must be >= 1 and, for learned absolute positions, <= model.max_positions (RangeEvalError naming
-    `where`, e.g. the run directory)."""
+    """For learned absolute positions, lengths (from :func:`parse_lengths`, so >= 1) must be <= model.max_positions
+    (RangeEvalError naming `where`, e.g. the run directory)."""
     lengths = list(lengths)
-    if not lengths or min(lengths) < 1:
-        raise RangeEvalError(f"{where}: evaluation lengths must be integers >= 1, got {lengths[:5]}")
     if model.position == "learned" and max(lengths) > model.max_positions:
         raise RangeEvalError(f"{where}: evaluation length {max(lengths)} exceeds model.max_positions="
                              f"{model.max_positions}; a model with learned absolute positions cannot run past them "

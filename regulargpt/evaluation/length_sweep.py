@@ -338,11 +338,10 @@ def eval_settings(section: EvalConfig, overrides: dict[str, Any]) -> EvalSetting
     unknown = set(given) - {f.name for f in dataclasses.fields(EvalSettings)}
     if unknown:
         raise EvalError(f"unknown evaluation setting(s) {sorted(unknown)}")
-    merged = dataclasses.replace(section, **given)
     try:
-        merged.validate()
+        merged = dataclasses.replace(section, **given)  # validated like a config section
     except ConfigError as err:
-        raise EvalError(f"eval.{err}") from None
+        raise EvalError(str(err)) from None
     return EvalSettings(tuple(sorted(set(merged.lengths))), merged.protocol, merged.stride, merged.tokens,
                         merged.memory_gb)
 

@@ -76,8 +76,6 @@ def plan_tokens(stream_tokens: int, lengths: Sequence[int], requested: int = 0,
     >>> plan_tokens(1000, [64, 2048])
     {64: 960, 2048: 0}
     """
-    if any(length < 1 for length in lengths):
-        raise EvalError(f"lengths must be integers >= 1, got {list(lengths)}")
     available = max(0, stream_tokens - 1)
     fit = [length for length in lengths if length <= available]
     if not fit:
@@ -121,8 +119,6 @@ def plan_windows(tokens: int, length: int, protocol: Protocol, stride: int = 0) 
     >>> p.starts.tolist(), p.score_from.tolist(), p.tokens
     ([0, 2, 4, 6], [0, 2, 2, 2], 10)
     """
-    if length < 1:
-        raise EvalError(f"length must be >= 1, got {length}")
     if tokens < length:
         raise EvalError(f"{tokens} tokens do not fill one window of length {length}")
     if protocol == "nonoverlapping":

@@ -46,8 +46,8 @@ def tree_spans(length: int, chunk_size: int, thickness: int) -> list[Span]:
     Each sub-layer widens position m's span to start where position max(0, m − C + 1) starts (pads cover no input),
     then every C-th position from the last is kept.
     """
-    if length < 1 or chunk_size < 2 or thickness < 1:
-        raise ValueError(f"need length >= 1, chunk_size >= 2, thickness >= 1; got {length}, {chunk_size}, {thickness}")
+    if thickness < 1:  # length and chunk_size are checked by adaptive_depth
+        raise ValueError(f"tree_spans: thickness must be >= 1, got {thickness}")
     start = np.arange(length, dtype=np.int64)  # (T,) at resolution 0 every position covers itself
     end = np.arange(length, dtype=np.int64)
     spans = []

@@ -37,8 +37,8 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.config import (
-    Config,
     ConfigError,
+    FormalConfig,
     apply_overrides,
     build_section,
     config_to_dict,
@@ -130,7 +130,7 @@ class RunSpec:
     seed: int
     lr: float
     run_dir: Path
-    cfg: Config
+    cfg: FormalConfig
     eval_lengths: list[int]
     table2_p_one: list[float]
 
@@ -144,7 +144,7 @@ class RunSpec:
         return recipe_id(self.cfg)
 
 
-def recipe_id(cfg: Config) -> str:
+def recipe_id(cfg: FormalConfig) -> str:
     """A short hash of what a run trains and how: the config values that differ from the code's defaults, without
     the seed and bookkeeping (logging, checkpoint cadence). Tables record it per cell so that a committed table made
     with another recipe is detected as stale; a field added later with a default does not change it."""
@@ -194,7 +194,7 @@ def plan_runs(
         task_path = configs_dir / f"{task_id}.json"
         if not task_path.is_file():
             raise ConfigError(f"{task_path}: unknown task config {task_id!r}; available: {_names(configs_dir)}")
-        task_raw = config_to_dict(load_config(task_path))
+        task_raw = config_to_dict(load_config(task_path, kind=FormalConfig))
         for model in models or profile.models:
             preset = configs_dir / "models" / f"{model}.json"
             if not preset.is_file():
@@ -204,7 +204,7 @@ def plan_runs(
             for pattern, delta in profile.overrides.items():
                 if fnmatch.fnmatchcase(key, pattern):
                     raw = _overlay(raw, delta, f"profile {profile.name} overrides[{pattern!r}]")
-            raw = apply_overrides(raw, sets or [])
+            raw = apply_overrides(raw, sets or [], FormalConfig)
             bases.append((task_id, model, raw, lrs or (_matching(profile.lrs, key) or [[raw["train"]["lr"]]])[-1]))
     specs = []
     for seed in seeds if seeds is not None else profile.seeds:
@@ -212,7 +212,7 @@ def plan_runs(
             for lr in grid:
                 point = _overlay(raw, {"train": {"seed": seed, "lr": float(lr)}, "logging": {"progress": False}},
                                  f"{task_id}/{model}")
-                cfg = load_config_dict(point, source=f"{task_id}/{model} (profile {profile.name})")
+                cfg = load_config_dict(point, f"{task_id}/{model} (profile {profile.name})", FormalConfig)
                 formal_task(cfg)  # vocab/classes must match the task: fail before anything runs
                 lengths = parse_lengths(profile.eval_lengths, cfg.eval.max_length)
                 check_lengths(cfg.model, lengths, f"{task_id}/{model} (profile {profile.name})")

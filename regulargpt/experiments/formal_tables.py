@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from regulargpt.config import Config, load_config_dict
+from regulargpt.config import FormalConfig, formal_config_from_saved
 from regulargpt.evaluation.formal_scoring import range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
@@ -37,7 +37,7 @@ class FinishedRun:
     model: str
     seed: int
     lr: float
-    cfg: Config
+    cfg: FormalConfig
     eval_lengths: list[int]
     samples: int
     evals: dict[float | None, dict[int, dict[str, float]]]  # P(1) (None = training options) -> rows by length
@@ -65,7 +65,7 @@ def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun],
         if not (run_dir / MODEL_FILE).is_file():
             pending.append(name)
             continue
-        cfg = load_config_dict(read_json_object(run_dir / CONFIG_FILE), source=str(run_dir / CONFIG_FILE))
+        cfg = formal_config_from_saved(read_json_object(run_dir / CONFIG_FILE), source=str(run_dir / CONFIG_FILE))
         trained_p = cfg.data.task_options.get("p_one", 0.5)  # evaluated once, in range.jsonl (as the sweep does)
         files: dict[float | None, Path] = {None: run_dir / RANGE_FILE}
         files.update({p: run_dir / (RANGE_FILE if p == trained_p else f"range_p{p:g}.jsonl")

@@ -55,7 +55,6 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     transformer/classifier → TransformerClassifier, rnn|lstm/classifier → RecurrentClassifier.
     Every model has ``num_parameters()`` and ``flops_per_token(length)``.
     """
-    cfg.validate()
     builders: dict[tuple[str, str], type[nn.Module]] = {
         ("regular_gpt", "lm"): RegularGPT,
         ("regular_gpt", "classifier"): RegularGPTClassifier,
@@ -64,4 +63,4 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         ("rnn", "classifier"): RecurrentClassifier,
         ("lstm", "classifier"): RecurrentClassifier,
     }
-    return builders[(cfg.architecture, cfg.head)](cfg)  # validate() admits exactly these pairs
+    return builders[(cfg.architecture, cfg.head)](cfg)  # ModelConfig admits exactly these pairs

@@ -47,7 +47,7 @@ from torch import nn
 from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
-from regulargpt.config import Config, ConfigError, config_to_dict, load_config_dict, save_config
+from regulargpt.config import ConfigError, FormalConfig, config_to_dict, formal_config_from_saved, save_config
 from regulargpt.evaluation.formal_scoring import held_out_score
 from regulargpt.files import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
 from regulargpt.model import build_model
@@ -86,7 +86,7 @@ def seed_stream(seed: int, stream: int) -> int:
     return int(state[0]) << 31 | int(state[1]) >> 1
 
 
-def formal_task(cfg: Config) -> Task:
+def formal_task(cfg: FormalConfig) -> Task:
     """The config's task, checked against the model: vocab_size and num_classes must equal the task's.
 
     >>> formal_task(cfg)  # doctest: +SKIP   (model.vocab_size=3 for parity_check)
@@ -109,26 +109,16 @@ def formal_task(cfg: Config) -> Task:
     return task
 
 
-def _check_supported(cfg: Config) -> None:
-    """Fields of the language-model trainer that this loop does not implement are errors, not silently ignored."""
-    expected = {"model.head": (cfg.model.head, "classifier"), "train.schedule": (cfg.train.schedule, "constant"),
-                "train.grad_accum": (cfg.train.grad_accum, 1), "train.precision": (cfg.train.precision, "fp32"),
-                "train.zero_stage": (cfg.train.zero_stage, 0)}
-    for key, (have, want) in expected.items():
-        if have != want:
-            raise ConfigError(f"{key}: {have!r} is not allowed for formal-language training; expected {want!r}")
-
-
 def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg_dict.items() if k not in _RESUME_FREE_SECTIONS}
 
 
-def _prepare_run_dir(cfg: Config, run_dir: Path) -> None:
+def _prepare_run_dir(cfg: FormalConfig, run_dir: Path) -> None:
     path = run_dir / CONFIG_FILE
     if path.is_file():
         raw = read_json_object(path, ConfigError, "the run's config is unusable; use another --run-dir")
         try:  # resolved by today's code, so a field added since (at its default) is no difference
-            old = config_to_dict(load_config_dict(raw, source=str(path)))
+            old = config_to_dict(formal_config_from_saved(raw, source=str(path)))
         except ConfigError as err:
             raise ConfigError(f"{err}; the run's config is unusable, use another --run-dir") from None
         if _comparable(old) != _comparable(config_to_dict(cfg)):
@@ -195,10 +185,10 @@ def _trim_metrics(path: Path, last_step: int) -> None:
 
 
 def train_formal(
-    cfg: Config,
+    cfg: FormalConfig,
     run_dir: str | Path,
     *,
-    task_factory: Callable[[Config], Task] = formal_task,
+    task_factory: Callable[[FormalConfig], Task] = formal_task,
     solve_check: SolveCheck | None = None,
     stop_at: int | None = None,
 ) -> Path | None:
@@ -216,7 +206,6 @@ def train_formal(
     run_dir = Path(run_dir)
     if stop_at is not None and stop_at < 1:
         raise ConfigError(f"stop_at: {stop_at} is not allowed; expected a step >= 1")
-    _check_supported(cfg)
     task = task_factory(cfg)
     model_path = run_dir / MODEL_FILE
     _prepare_run_dir(cfg, run_dir)

@@ -91,7 +91,7 @@ def open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
     check_tokenizer(cfg.data.path)
     splits = []
     for name in ("train", "val"):
-        split = open_split(cfg.data.path, name, vocab_size=cfg.model.vocab_size)
+        split = open_split(cfg.data.path, name)  # the manifest's vocab_size was compared with the model's above
         if len(split) < cfg.data.seq_len + 1:
             raise TrainError(f"{cfg.data.path}: the {name} split has {len(split)} tokens, fewer than "
                              f"data.seq_len + 1 = {cfg.data.seq_len + 1}; prepare more data (--max-bytes) or lower "

@@ -153,9 +153,7 @@ def extension_config(run_dir: Path, cfg: Config, steps: int) -> Config:
                          f"{saved.steps}; let it finish first (rerun it without --extend-to), then extend it")
     else:
         extended_from = [*saved.extended_from, saved.steps]
-    extended = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps, extended_from=extended_from))
-    extended.validate()
-    return extended
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps, extended_from=extended_from))
 
 
 def set_aside_export(run_dir: Path, step: int) -> Path | None:
