@@ -86,11 +86,6 @@ class Source:
     hf_name: str = ""
     hf_config: str | None = None
 
-    @property
-    def file_bytes(self) -> int:
-        """Total size of the resolved input files on disk."""
-        return sum(f.stat().st_size for f in self.files)
-
     def fingerprint_items(self) -> list[list[str | int]]:
         """What identifies the inputs: `[name, size, mtime_ns]` per file, or `[name, sha256]` when hashing content."""
         items: list[list[str | int]] = []
