@@ -46,7 +46,7 @@ from regulargpt.config import load_config_dict
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
-from regulargpt.train import run_dir as rd
+from regulargpt.train import run_directory as rd
 from regulargpt.train.formal_trainer import formal_task, train_formal
 
 
@@ -279,7 +279,7 @@ def test_formal_corrupt_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
     capsys.readouterr()
     train_formal(cfg, run_dir)
     err = capsys.readouterr().err
-    assert "ckpt.pt: unreadable" in err and "resuming from" in err and "ckpt.prev.pt (step 3)" in err
+    assert "ckpt.pt is corrupt: unreadable" in err and "resuming from" in err and "ckpt.prev.pt (step 3)" in err
     assert (run_dir / "ckpt.pt.corrupt").is_file()
     assert formal_losses(run_dir) == formal_losses(straight)
     a = torch.load(straight / "model.pt", weights_only=True)["state_dict"]

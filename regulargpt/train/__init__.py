@@ -5,14 +5,17 @@
     train(load_config("configs/tiny/regular_gpt.json", ["data.path=data/tiny"]), "runs/tiny")
 
 Modules: ``engine`` (process env, DeepSpeed config, optimizer with skippable updates + LR schedule, activation
-checkpointing), ``loop`` (the training loop, validation, preemption, non-finite steps), ``run_dir`` (checkpoints,
-checksums, resume with fallback, keep-last-k, export, extension), ``logging`` (console, metrics.jsonl, wandb),
-``faults`` (test-only NaN injection), ``stopping`` (signals and the launcher's end → checkpoint and exit). Nothing
-here imports DeepSpeed or wandb at import time. See docs/RELIABILITY.md.
+checkpointing), ``loop`` (the training loop, validation, preemption, non-finite steps), ``run_directory`` (the run
+directory both trainers share: layout, config and metrics on resume, checkpoints with fallback, keep-last-k,
+extension), ``export`` (ZeRO consolidation → model.pt), ``metrics_log`` (console, metrics.jsonl, wandb),
+``formal_trainer`` (the formal-language trainer), ``faults`` (test-only NaN injection), ``stopping`` (signals and
+the launcher's end → checkpoint and exit). Nothing here imports DeepSpeed or wandb at import time. See
+docs/RELIABILITY.md.
 """
 
 from regulargpt.train.engine import TrainError, deepspeed_config, lr_factor
 from regulargpt.train.loop import train
-from regulargpt.train.run_dir import default_run_dir, export_model
+from regulargpt.train.export import export_model
+from regulargpt.train.run_directory import default_run_dir
 
 __all__ = ["TrainError", "deepspeed_config", "lr_factor", "train", "default_run_dir", "export_model"]

@@ -9,7 +9,8 @@ Seeds: ``train.seed`` is split into independent streams with :class:`numpy.rando
 model initialisation, stream 1 the data (lengths and strings), stream 2 the global torch RNG (dropout). Changing the
 model therefore never changes the data a seed sees.
 
-Run directory (file names in :mod:`regulargpt.run_files`)::
+Run directory (file names in :mod:`regulargpt.run_files`; config check, metrics truncation and checkpoint
+fallback are the shared :mod:`regulargpt.train.run_directory`)::
 
     DIR/config.resolved.json   the resolved config (compared on resume; a different config is an error)
     DIR/metrics.jsonl          {"step", "loss", "acc", "lr", "length", "seconds"} every train.log_every steps
@@ -30,7 +31,6 @@ A step whose loss or global gradient norm is not finite is skipped (no optimizer
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
@@ -47,19 +47,29 @@ from torch import nn
 from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
-from regulargpt.config import ConfigError, FormalConfig, config_to_dict, formal_config_from_saved, save_config
+from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved, save_config
 from regulargpt.evaluation.formal_scoring import held_out_score
-from regulargpt.files import atomic_write_bytes, atomic_write_text, read_json_object, read_jsonl
+from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
-from regulargpt.run_files import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, PREV_CKPT_FILE, SOLVE_FILE
+from regulargpt.run_files import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
+from regulargpt.train.run_directory import (
+    ResumePolicy,
+    check_config_unchanged,
+    config_changes,
+    load_ckpt,
+    open_for_append,
+    save_ckpt,
+    saved_config,
+    truncate_after,
+)
 
 __all__ = ["SolveCheck", "formal_task", "seed_stream", "train_formal"]
 
 _CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")  # + cpu_seconds (optional)
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
-_RESUME_FREE_SECTIONS = ("logging",)  # may differ between a run and its resumption
+_RESUME_FREE = ResumePolicy(sections=("logging",))  # may differ between a run and its resumption
 
 
 @dataclass(frozen=True)
@@ -109,79 +119,14 @@ def formal_task(cfg: FormalConfig) -> Task:
     return task
 
 
-def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in cfg_dict.items() if k not in _RESUME_FREE_SECTIONS}
-
-
 def _prepare_run_dir(cfg: FormalConfig, run_dir: Path) -> None:
-    path = run_dir / CONFIG_FILE
-    if path.is_file():
-        raw = read_json_object(path, ConfigError, "the run's config is unusable; use another --run-dir")
-        try:  # resolved by today's code, so a field added since (at its default) is no difference
-            old = config_to_dict(formal_config_from_saved(raw, source=str(path)))
-        except ConfigError as err:
-            raise ConfigError(f"{err}; the run's config is unusable, use another --run-dir") from None
-        if _comparable(old) != _comparable(config_to_dict(cfg)):
-            diff = sorted(
-                f"{s}.{k}" for s, section in _comparable(config_to_dict(cfg)).items() if isinstance(section, dict)
-                for k, v in section.items() if old.get(s, {}).get(k) != v
-            )
-            raise ConfigError(f"{path}: the run directory holds a run with a different config (differs in "
-                              f"{', '.join(diff) or 'sections'}); use another --run-dir")
+    """Compare the run's saved config with `cfg` (a difference outside ``logging`` is a ConfigError naming the keys),
+    then record `cfg` as the run's config. A run saved before FormalConfig existed is read without its LM-only keys."""
+    old = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
+    if old is not None:
+        check_config_unchanged(run_dir, config_changes(old, cfg, _RESUME_FREE), ConfigError)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, path)
-
-
-def _save_ckpt(run_dir: Path, state: dict[str, Any]) -> None:
-    """Write ckpt.pt atomically, keeping the one it replaces as ckpt.prev.pt."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    atomic_write_bytes(run_dir / CKPT_FILE, buffer.getvalue(), previous=run_dir / PREV_CKPT_FILE)
-
-
-def _read_ckpt(path: Path) -> dict[str, Any]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, garbage, ...: any failure to read means the file is unusable
-        raise CheckpointError(f"{path}: unreadable ({type(err).__name__})") from None
-    if not isinstance(state, dict) or any(key not in state for key in _CKPT_KEYS):
-        raise CheckpointError(f"{path}: not a formal-training checkpoint (expected keys {', '.join(_CKPT_KEYS)})")
-    return state
-
-
-def _load_ckpt(run_dir: Path) -> dict[str, Any] | None:
-    """The state to resume from: ckpt.pt, else ckpt.prev.pt (warning naming both); None for a fresh run.
-
-    An unreadable ckpt.pt is renamed ckpt.pt.corrupt, so that the next save does not rotate it over the good
-    ckpt.prev.pt. CheckpointError when checkpoint files exist but none can be read.
-    """
-    newest, previous = run_dir / CKPT_FILE, run_dir / PREV_CKPT_FILE
-    problems = []
-    for path in (newest, previous):
-        if not path.is_file():
-            continue
-        try:
-            state = _read_ckpt(path)
-        except CheckpointError as err:
-            problems.append(str(err))
-            continue
-        if path == previous and newest.is_file():
-            newest.replace(run_dir / f"{CKPT_FILE}.corrupt")
-            print(f"warning: {problems[0]}; resuming from {previous} (step {state['step']}) instead, kept the "
-                  f"unreadable file as {CKPT_FILE}.corrupt", file=sys.stderr, flush=True)
-        return state
-    if problems:
-        raise CheckpointError(f"no readable checkpoint in {run_dir}: {'; '.join(problems)}; delete them (and "
-                              f"{METRICS_FILE}) to train from scratch, or use another --run-dir")
-    return None
-
-
-def _trim_metrics(path: Path, last_step: int) -> None:
-    """Drop metrics rows logged after the checkpoint we resume from (they will be logged again), and a last line cut
-    short by a kill."""
-    if path.is_file():
-        rows = [row for row in read_jsonl(path) if row["step"] <= last_step]
-        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+    save_config(cfg, run_dir / CONFIG_FILE)
 
 
 def train_formal(
@@ -221,7 +166,7 @@ def train_formal(
     data_gen = torch.Generator().manual_seed(seed_stream(tc.seed, _DATA_STREAM))
     torch_rng = torch.Generator().manual_seed(seed_stream(tc.seed, _TORCH_STREAM)).get_state()
     step, seconds, cpu_seconds, bad_steps = 0, 0.0, 0.0, 0
-    state = _load_ckpt(run_dir)
+    state = load_ckpt(run_dir, _CKPT_KEYS)
     if state is not None:
         try:
             model.load_state_dict(state["model"])
@@ -233,13 +178,12 @@ def train_formal(
         torch_rng = state["torch_rng"]
         step, seconds, bad_steps = state["step"], state["seconds"], state["bad_steps"]
         cpu_seconds = state.get("cpu_seconds", 0.0)
-    _trim_metrics(run_dir / METRICS_FILE, step)
-    _trim_metrics(run_dir / SOLVE_FILE, step)
+    truncate_after(run_dir / SOLVE_FILE, step)
     solved = next((row for row in read_jsonl(run_dir / SOLVE_FILE)
                    if solve_check and row["score"] >= solve_check.threshold), None) if solve_check else None
 
     def checkpoint() -> None:
-        _save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                "data_rng": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
                                "step": step, "seconds": seconds, "cpu_seconds": cpu_seconds,
                                "bad_steps": bad_steps})
@@ -249,7 +193,7 @@ def train_formal(
     end = tc.steps if stop_at is None else min(stop_at, tc.steps)
     bar = tqdm(total=end, initial=min(step, end), desc=f"{cfg.data.task}/{cfg.model.architecture}",
                disable=not cfg.logging.progress, dynamic_ncols=True)
-    with torch.random.fork_rng(devices=[]), (run_dir / METRICS_FILE).open("a") as metrics:
+    with torch.random.fork_rng(devices=[]), open_for_append(run_dir / METRICS_FILE, step) as metrics:
         torch.set_rng_state(torch_rng)
         while step < end:
             start, cpu_start = time.perf_counter(), time.process_time()

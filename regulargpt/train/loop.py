@@ -49,7 +49,8 @@ import torch.nn.functional as F
 from regulargpt.config import Config
 from regulargpt.peak import PEAK_ENV, cached_peak
 from regulargpt.run_files import MODEL_FILE
-from regulargpt.train import run_dir as rd
+from regulargpt.train import run_directory as rd
+from regulargpt.train.export import export_model
 from regulargpt.train.engine import (
     TrainError,
     build_engine,
@@ -373,7 +374,7 @@ class _Trainer:
         if not preempted and rd.latest_step(self.run_dir) != t.steps:
             self.save()  # a run resumed after its last step but before its final save
         if not preempted and self.rank == 0 and not (finished_before and (self.run_dir / MODEL_FILE).is_file()):
-            path = rd.export_model(self.run_dir, t.steps)
+            path = export_model(self.run_dir, t.steps)
             self.log.message(f"wrote {path}")
         self.dist.barrier()
         self.log.close()

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from regulargpt.config import Config, config_to_dict
-from regulargpt.files import atomic_write_text, read_jsonl
+from regulargpt.files import atomic_write_text
 from regulargpt.run_files import METRICS_FILE
+from regulargpt.train.run_directory.metrics import open_for_append
 
 __all__ = ["wandb_has_key", "MetricsLog"]
 
@@ -51,8 +52,7 @@ class MetricsLog:
         self.wandb_run: Any = None
         if not enabled:
             return
-        self._truncate_after(start_step)
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.file = open_for_append(self.path, start_step)  # a resumed run drops the rows after its checkpoint
         if cfg.logging.progress:
             from tqdm.auto import tqdm
 
@@ -60,16 +60,6 @@ class MetricsLog:
                             dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
         if cfg.logging.wandb:
             self.wandb_run = self._start_wandb()
-
-    def _truncate_after(self, step: int) -> None:
-        """A resumed run rewrites history from its checkpoint on: drop records with step > `step` (and a last line
-        cut short by a kill), atomically."""
-        if not self.path.is_file():
-            return
-        rows = read_jsonl(self.path)
-        kept = [row for row in rows if row.get("step", 0) <= step]
-        if len(kept) != len(rows) or not self.path.read_bytes().endswith(b"\n"):
-            atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def _start_wandb(self) -> Any:
         if "WANDB_MODE" not in os.environ and not wandb_has_key():
