@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 from helpers import tiny_cfg
 
-from regulargpt.config import Config, ConfigError, config_to_dict, load_config, load_config_dict, save_config
+from regulargpt.config import (
+    Config,
+    ConfigError,
+    FormalConfig,
+    config_to_dict,
+    formal_config_from_saved,
+    load_config,
+    load_config_dict,
+    save_config,
+)
 from regulargpt.files import TornLineWarning
 from regulargpt.train import TrainError
 from regulargpt.train import run_directory as rd
@@ -27,19 +36,21 @@ def _lm_cfg(*sets: str) -> Config:
     return load_config(ROOT / "configs/tiny/regular_gpt.json", ["data.path=data/tiny", *sets])
 
 
-def _resume(run_dir: Path, old: Config, new: Config, policy: rd.ResumePolicy, error: type[Exception]) -> None:
+def _resume(run_dir: Path, old: Config | FormalConfig, new: Config | FormalConfig, policy: rd.ResumePolicy,
+            error: type[Exception]) -> None:
     save_config(old, run_dir / "config.resolved.json")
-    saved = rd.saved_config(run_dir, error)
+    read = formal_config_from_saved if isinstance(old, FormalConfig) else load_config_dict
+    saved = rd.saved_config(run_dir, error, read=read)
     assert saved is not None
     rd.check_config_unchanged(run_dir, rd.config_changes(saved, new, policy), error)
 
 
-def _with(cfg: Config, **sections: dict) -> Config:
+def _with(cfg: Config | FormalConfig, **sections: dict) -> Config | FormalConfig:
     """`cfg` with some fields of some sections replaced."""
     raw = config_to_dict(cfg)
     for name, fields in sections.items():
         raw[name] = {**raw[name], **fields}
-    return load_config_dict(raw)
+    return load_config_dict(raw, kind=type(cfg))
 
 
 def test_language_model_policy_names_the_file_and_every_differing_key(tmp_path: Path) -> None:
