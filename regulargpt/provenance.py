@@ -32,9 +32,11 @@ def _git(*args: str) -> str:
 
 
 def git_commit() -> str:
-    """HEAD's 12-character hash, ``+dirty`` when tracked files changed since; ``unknown`` outside git."""
+    """HEAD's 12-character hash, ``+dirty`` when tracked files outside ``results/`` changed since; ``unknown``
+    outside git. Reports under results/ are what a run writes, not the code it ran: a script that regenerates
+    several reports in turn would otherwise stamp all but the first ``+dirty``."""
     commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
+    if _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"):
         commit += "+dirty"
     return commit
 
