@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from regulargpt.cli import positive_int  # noqa: E402
-from regulargpt.config import load_config  # noqa: E402
+from regulargpt.config import FormalConfig, load_config  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, FormalConfig)
     model = build_model(cfg.model)
     lines = [
         "# Tree mode vs sliding mode: one classifier training step (forward, backward, Adam)",

@@ -32,6 +32,7 @@ from tqdm import tqdm  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
 from regulargpt.cli import positive_int, run  # noqa: E402
+from regulargpt.config import FormalConfig  # noqa: E402
 from regulargpt.evaluation.formal_scoring import held_out_score  # noqa: E402
 from regulargpt.evaluation.probes import pad_chain  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for run_dir in args.runs:
         cfg, model, _ = load_model_file(Path(run_dir) / "model.pt")
-        if not isinstance(model, RegularGPTClassifier):
+        if not isinstance(model, RegularGPTClassifier) or not isinstance(cfg, FormalConfig):
             print(f"error: {run_dir} holds a {type(model).__name__}; pad chains exist in RegularGPT's tree mode only",
                   file=sys.stderr)
             return 2

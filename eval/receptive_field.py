@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
 from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
+from regulargpt.config import FormalConfig  # noqa: E402
 from regulargpt.evaluation.receptive_field import (  # noqa: E402
     formal_batch,
     lm_batch,
@@ -71,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     cfg, model, _ = load_model_file(Path(args.run) / "model.pt")
-    is_lm = cfg.model.head == "lm"
-    length = args.length or (cfg.data.seq_len if is_lm else cfg.eval.max_length)
-    if is_lm:
-        tokens, targets = lm_batch(cfg, length, args.samples, args.seed, args.split, args.data, args.random_tokens)
-        source = "random tokens" if args.random_tokens else f"{args.data or cfg.data.path} [{args.split}]"
-    else:
+    if isinstance(cfg, FormalConfig):
+        length = args.length or cfg.eval.max_length
         tokens, targets = formal_batch(cfg, length, args.samples, args.seed)
         source = f"task {cfg.data.task}"
+    else:
+        length = args.length or cfg.data.seq_len
+        tokens, targets = lm_batch(cfg, length, args.samples, args.seed, args.split, args.data, args.random_tokens)
+        source = "random tokens" if args.random_tokens else f"{args.data or cfg.data.path} [{args.split}]"
     rf = receptive_field(model, tokens, targets, args.batch_size)
 
     out = Path(args.out)

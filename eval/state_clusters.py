@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from regulargpt.checkpoint import load_model_file  # noqa: E402
 from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
+from regulargpt.config import FormalConfig  # noqa: E402
 from regulargpt.evaluation.probes import SPAN_TRANSITIONS  # noqa: E402
 from regulargpt.evaluation.state_clusters import cluster_depth_steps, plot_steps  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     cfg, model, _ = load_model_file(Path(args.run) / "model.pt")
-    task_name = cfg.data.task
+    task_name = cfg.data.task if isinstance(cfg, FormalConfig) else ""
     if not isinstance(model, RegularGPTClassifier) or task_name not in SPAN_TRANSITIONS:
         print(f"error: need a RegularGPT classifier on one of {', '.join(SPAN_TRANSITIONS)}; "
               f"{args.run} is {type(model).__name__} on {task_name or 'no task'!r}", file=sys.stderr)

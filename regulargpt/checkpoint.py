@@ -3,7 +3,7 @@
 Format (a plain dict saved with ``torch.save``; loads with ``weights_only=True``)::
 
     {"format": "regulargpt-model", "version": 1,
-     "config": <resolved config as a JSON-able dict>,      # rebuilds the model with build_model
+     "config": <resolved config as a JSON-able dict>,      # Config, or FormalConfig when model.head is "classifier"
      "state_dict": {name: fp32 tensor},
      "meta": {"step": int, ...}}                           # free-form, JSON-able
 
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from regulargpt.config import Config, config_to_dict, load_config_dict
+from regulargpt.config import Config, FormalConfig, config_from_saved, config_to_dict, formal_config_from_saved
 from regulargpt.errors import UserError
 from regulargpt.files import atomic_write_bytes
 
@@ -32,7 +32,8 @@ class CheckpointError(UserError, ValueError):
     """A model file that is missing, corrupt, or does not match the model it is loaded into."""
 
 
-def save_model_file(path: str | Path, cfg: Config, model: nn.Module, meta: dict[str, Any] | None = None) -> None:
+def save_model_file(path: str | Path, cfg: Config | FormalConfig, model: nn.Module,
+                    meta: dict[str, Any] | None = None) -> None:
     state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
              for k, v in model.state_dict().items()}
     payload = {"format": _FORMAT, "version": _VERSION, "config": config_to_dict(cfg), "state_dict": state,
@@ -43,8 +44,14 @@ def save_model_file(path: str | Path, cfg: Config, model: nn.Module, meta: dict[
 
 
 def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",
-                    model_overrides: dict[str, Any] | None = None) -> tuple[Config, nn.Module, dict[str, Any]]:
+                    model_overrides: dict[str, Any] | None = None,
+                    ) -> tuple[Config | FormalConfig, nn.Module, dict[str, Any]]:
     """Load a model file → (config, model in eval mode, meta). Clear errors for missing/corrupt/mismatched files.
+
+    The config is the trainer's class: a :class:`FormalConfig` for a sequence classifier (``model.head`` is
+    "classifier": the formal-language trainer's RegularGPT, transformer, RNN and LSTM), a :class:`Config` otherwise;
+    files saved in older layouts are read by :func:`regulargpt.config.formal_config_from_saved` and
+    :func:`regulargpt.config.config_from_saved`.
 
     `model_overrides` replaces inference-time model fields that change no weight, e.g. ``{"depth_policy": "train"}``
     (the returned config carries them)."""
@@ -64,7 +71,10 @@ def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",
     raw = payload.get("config")
     if model_overrides and isinstance(raw, dict):
         raw = {**raw, "model": {**raw.get("model", {}), **model_overrides}}
-    cfg = load_config_dict(raw, source=f"{path}[config]")
+    model_raw = raw.get("model") if isinstance(raw, dict) else None
+    classifier = isinstance(model_raw, dict) and model_raw.get("head") == "classifier"
+    read = formal_config_from_saved if classifier else config_from_saved
+    cfg: Config | FormalConfig = read(raw, source=f"{path}[config]")
     model = build_model(cfg.model)
     state = payload.get("state_dict")
     if not isinstance(state, dict):

@@ -14,10 +14,20 @@ path, the value and what is allowed, e.g.::
     configs/tiny/regular_gpt.json: model.chunk_sise: unknown key; did you mean 'chunk_size'?
     configs/tiny/regular_gpt.json: train.lr: 0.0 is not allowed; expected a number > 0
 
-There is one config class per trainer: :class:`Config` for language-model pretraining (all six sections) and
-:class:`FormalConfig` for formal-language training (no ``deepspeed`` section; its ``train`` section,
-:class:`FormalTrainConfig`, has no schedule, accumulation, precision or ZeRO keys). ``load_config(path, kind=...)``
-picks the class.
+There is one config class per trainer, each holding only the fields its trainer reads (setting the other trainer's
+key is an unknown-key error); ``load_config(path, kind=...)`` picks the class::
+
+    section    Config (language models)                    FormalConfig (formal languages)
+    model      ModelConfig                                 ModelConfig, head "classifier"
+    data       DataConfig: path, seq_len                   FormalDataConfig: task, task_options, min_length, max_length
+    train      TrainConfig                                 FormalTrainConfig (no schedule, accumulation, ZeRO...)
+    eval       EvalConfig: lengths, protocol, stride,      FormalEvalConfig: max_length, samples_per_length,
+               tokens, memory_gb                           score_min_length
+    logging    LoggingConfig                               LoggingConfig
+    deepspeed  a pass-through dict                         (none)
+
+Run configs saved before the split (one ``data`` and one ``eval`` section holding both trainers' fields, and formal
+runs saved as a whole Config) are read by :func:`config_from_saved` and :func:`formal_config_from_saved`.
 
 Command-line overrides use dotted paths and are converted to the field's type: ``--set model.chunk_size=4``,
 ``--set train.lr=3e-4``, ``--set eval.lengths=64,128,256``. A resolved config round-trips through JSON unchanged:
@@ -46,8 +56,11 @@ __all__ = [
     "EvalConfig",
     "LoggingConfig",
     "Config",
+    "FormalDataConfig",
     "FormalTrainConfig",
+    "FormalEvalConfig",
     "FormalConfig",
+    "config_from_saved",
     "formal_config_from_saved",
     "load_config",
     "load_config_dict",
@@ -170,19 +183,31 @@ class ModelConfig(_Section):
 
 @dataclass(frozen=True)
 class DataConfig(_Section):
-    """Where training examples come from: a token-shard folder (language modelling) or a formal-language task."""
+    """The language-model trainer's training data: a token-shard folder, read in windows of `seq_len` tokens."""
 
     path: str = ""  # folder written by data_prep/prepare.py
     seq_len: int = 512  # language-model training length T
+
+    section: ClassVar[str] = "data"
+
+    def __post_init__(self) -> None:
+        self._positive("seq_len")
+
+
+@dataclass(frozen=True)
+class FormalDataConfig(_Section):
+    """The formal-language trainer's training data: a task (regulargpt.tasks), each batch at one length drawn
+    uniformly from min_length..max_length, e.g. parity_check at 1..40."""
+
     task: str = ""  # formal-language task name (regulargpt.tasks.TASK_NAMES)
     task_options: dict[str, Any] = field(default_factory=dict)
-    min_length: int = 1  # formal: training lengths drawn uniformly from min_length..max_length, one per batch
+    min_length: int = 1
     max_length: int = 40
 
     section: ClassVar[str] = "data"
 
     def __post_init__(self) -> None:
-        self._positive("seq_len", "min_length", "max_length")
+        self._positive("min_length", "max_length")
         if self.max_length < self.min_length:
             self._fail("max_length", self.max_length, f">= min_length={self.min_length}")
 
@@ -271,26 +296,38 @@ class TrainConfig(FormalTrainConfig):
 
 @dataclass(frozen=True)
 class EvalConfig(_Section):
-    """Evaluation lengths and protocol (language modelling) or range evaluation (formal languages)."""
+    """How a language model is scored: the lengths and protocol eval/extrapolate.py reads from the run's saved config
+    (its flags override them)."""
 
-    # Language models: eval/extrapolate.py reads these from the run's saved config; its flags override them.
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
     protocol: Literal["nonoverlapping", "sliding"] = "nonoverlapping"
     stride: int = 0  # sliding protocol: 0 means half the window length (L/2)
     tokens: int = 0  # tokens scored per length; 0 = as many as the split holds at the longest length
     memory_gb: float = 4.0  # evaluation batch size is chosen to stay under this
-    max_length: int = 500  # formal: evaluate every length 1..max_length
-    samples_per_length: int = 512
-    score_min_length: int = 41  # formal: the score averages lengths score_min_length..max_length
 
     section: ClassVar[str] = "eval"
 
     def __post_init__(self) -> None:
         if not self.lengths or any(not isinstance(x, int) or x < 1 for x in self.lengths):
             self._fail("lengths", self.lengths, "a non-empty list of integers >= 1")
-        self._positive("memory_gb", "max_length", "samples_per_length", "score_min_length")
+        self._positive("memory_gb")
         if self.stride < 0 or self.tokens < 0:
             self._fail("stride" if self.stride < 0 else "tokens", min(self.stride, self.tokens), "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class FormalEvalConfig(_Section):
+    """Range evaluation of a formal-language classifier: `samples_per_length` strings at every length
+    1..max_length; the score is the mean accuracy over score_min_length..max_length (41..500: the unseen lengths)."""
+
+    max_length: int = 500
+    samples_per_length: int = 512
+    score_min_length: int = 41
+
+    section: ClassVar[str] = "eval"
+
+    def __post_init__(self) -> None:
+        self._positive("max_length", "samples_per_length", "score_min_length")
 
 
 @dataclass(frozen=True)
@@ -311,7 +348,8 @@ class LoggingConfig(_Section):
 
 @dataclass(frozen=True)
 class Config:
-    """The language-model trainer's config (launch/pretrain.py); formal-language training uses :class:`FormalConfig`.
+    """The language-model trainer's config (launch/pretrain.py): ``model.head`` is "lm"; formal-language training
+    (a sequence classifier) uses :class:`FormalConfig`.
 
     Every section validates itself on construction, and this class checks what spans sections, so a Config that
     exists is valid (``dataclasses.replace`` validates too). `model.train_length` 0 is resolved here to
@@ -327,6 +365,9 @@ class Config:
 
     def __post_init__(self) -> None:
         model = self.model
+        if model.head != "lm":
+            raise ConfigError(f"model.head: {model.head!r} is not allowed; expected 'lm' (a sequence classifier is "
+                              f"trained by the formal-language trainer, whose config is FormalConfig)")
         if model.train_length == 0 and model.architecture == "regular_gpt" and model.head == "lm":
             object.__setattr__(self, "model", dataclasses.replace(model, train_length=self.data.seq_len))
         _check_deepspeed_passthrough(self.deepspeed, self.train)
@@ -338,14 +379,15 @@ class FormalConfig:
     trained in one process with Adam at a constant rate, so the language-model trainer's schedule, accumulation,
     precision, ZeRO and DeepSpeed settings are not fields here (setting one is an unknown-key error).
 
-    `data` reads task, task_options, min_length and max_length; `eval` reads max_length, samples_per_length and
-    score_min_length (the language-model fields of those two sections are accepted and unused).
+    Its ``data`` and ``eval`` sections have the same names as the language-model trainer's but their own fields
+    (:class:`FormalDataConfig`, :class:`FormalEvalConfig`): ``data.seq_len`` or ``eval.lengths`` here is an
+    unknown-key error, as ``data.task`` is in a :class:`Config`.
     """
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(head="classifier", num_classes=2))
-    data: DataConfig = field(default_factory=DataConfig)
+    data: FormalDataConfig = field(default_factory=FormalDataConfig)
     train: FormalTrainConfig = field(default_factory=FormalTrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: FormalEvalConfig = field(default_factory=FormalEvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
@@ -490,17 +532,49 @@ def load_config_dict(raw: dict[str, Any], source: str = "<dict>", kind: type[Any
         raise ConfigError(f"{source}: {err}") from None
 
 
+# The keys `data` and `eval` held for the formal trainer while both trainers shared those sections (up to commit
+# 0152525), with the defaults at which every language-model run saved them.
+_FORMAL_KEYS_BEFORE_SPLIT = {"data": {"task": "", "task_options": {}, "min_length": 1, "max_length": 40},
+                             "eval": {"max_length": 500, "samples_per_length": 512, "score_min_length": 41}}
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def config_from_saved(raw: dict[str, Any], source: str) -> Config:
+    """A :class:`Config` from a language-model run's saved config (``config.resolved.json``, a model file's
+    config), also in the layout written while ``data`` and ``eval`` held the formal trainer's fields too: those
+    keys are dropped when they hold the defaults every language-model run saved; any other value is a ConfigError
+    (such a file did not come from the language-model trainer)."""
+    if isinstance(raw, dict):
+        raw = dict(raw)
+        for name, old_defaults in _FORMAL_KEYS_BEFORE_SPLIT.items():
+            section = raw.get(name)
+            if not isinstance(section, dict):
+                continue
+            for key, value in section.items():
+                if key in old_defaults and value != old_defaults[key]:
+                    raise ConfigError(f"{source}: {name}.{key}: {value!r} is a formal-language setting, not allowed "
+                                      f"in a language-model config (only its old default {old_defaults[key]!r} "
+                                      f"is dropped); a formal-language model has model.head 'classifier'")
+            raw[name] = {k: v for k, v in section.items() if k not in old_defaults}
+    return load_config_dict(raw, source, Config)
+
+
 def formal_config_from_saved(raw: dict[str, Any], source: str) -> FormalConfig:
-    """A :class:`FormalConfig` from a formal run's saved config, also in the layout written before FormalConfig
-    existed: that was a whole :class:`Config`, whose language-model-only keys (``deepspeed``, and ``train.schedule``,
-    ``grad_accum``, ``precision``, ``zero_stage``, ... ) the formal trainer either required at their defaults or
-    never read, so they are dropped."""
-    if isinstance(raw, dict) and "deepspeed" in raw:
-        formal = {f.name for f in dataclasses.fields(FormalTrainConfig)}
-        train = raw.get("train", {})
+    """A :class:`FormalConfig` from a formal run's saved config, also in the layouts written before it had its own
+    sections: a whole :class:`Config` (before FormalConfig existed), and ``data``/``eval`` sections shared with the
+    language-model trainer. The language-model-only keys of those layouts (``deepspeed``, ``train.schedule``,
+    ``grad_accum``, ``precision``, ``zero_stage``, ..., ``data.path``, ``data.seq_len``, ``eval.lengths``,
+    ``protocol``, ...) the formal trainer either required at their defaults or never read, so they are dropped."""
+    if isinstance(raw, dict):
         raw = {k: v for k, v in raw.items() if k != "deepspeed"}
-        if isinstance(train, dict):
-            raw["train"] = {k: v for k, v in train.items() if k in formal}
+        for name, lm, formal in (("data", DataConfig, FormalDataConfig), ("train", TrainConfig, FormalTrainConfig),
+                                 ("eval", EvalConfig, FormalEvalConfig)):
+            lm_only = _field_names(lm) - _field_names(formal)
+            if isinstance(raw.get(name), dict):
+                raw[name] = {k: v for k, v in raw[name].items() if k not in lm_only}
     return load_config_dict(raw, source, FormalConfig)
 
 

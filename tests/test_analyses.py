@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from regulargpt.checkpoint import save_model_file
-from regulargpt.config import Config, DataConfig, ModelConfig
+from regulargpt.config import Config, DataConfig, FormalConfig, FormalDataConfig, ModelConfig
 from regulargpt.evaluation.probes import input_gradient_norms, pad_chain, span_transitions, tree_spans, tree_states
 from regulargpt.evaluation.receptive_field import lm_batch, receptive_field
 from regulargpt.evaluation.state_clusters import choose_k, kmeans, pca, purity, silhouette
@@ -262,7 +262,7 @@ def test_pad_chain_equals_a_brute_force_tree_of_spans(chunk: int) -> None:
 def test_pad_chains_cli_groups_every_length_by_its_chain(tmp_path: Path) -> None:
     model_cfg = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=2, num_classes=2, d_model=16,
                             n_heads=2, chunk_size=2, norm="post", activation="relu")
-    cfg = Config(model=model_cfg, data=DataConfig(task="even_pairs", max_length=10))
+    cfg = FormalConfig(model=model_cfg, data=FormalDataConfig(task="even_pairs", max_length=10))
     save_model_file(tmp_path / "run" / "model.pt", cfg, build_model(model_cfg))
     cli = load_script("eval/pad_chains.py")
     out = tmp_path / "chains.md"
@@ -283,7 +283,7 @@ def test_pad_chains_cli_groups_every_length_by_its_chain(tmp_path: Path) -> None
 def test_state_clusters_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model_cfg = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=3, num_classes=5, d_model=16,
                             n_heads=2, chunk_size=2, norm="post", activation="relu")
-    cfg = Config(model=model_cfg, data=DataConfig(task="cycle_navigation"))
+    cfg = FormalConfig(model=model_cfg, data=FormalDataConfig(task="cycle_navigation"))
     save_model_file(tmp_path / "run" / "model.pt", cfg, build_model(model_cfg))
     cli = load_script("eval/state_clusters.py")
     out = tmp_path / "out"
@@ -305,8 +305,8 @@ def test_receptive_field_cli_end_to_end_formal_and_lm(tmp_path: Path) -> None:
     cli = load_script("eval/receptive_field.py")
     formal = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=2, num_classes=2, d_model=16,
                          n_heads=2, norm="post", activation="relu")
-    save_model_file(tmp_path / "formal" / "model.pt", Config(model=formal, data=DataConfig(task="parity_check")),
-                    build_model(formal))
+    save_model_file(tmp_path / "formal" / "model.pt",
+                    FormalConfig(model=formal, data=FormalDataConfig(task="parity_check")), build_model(formal))
     lm = ModelConfig(architecture="transformer", head="lm", vocab_size=61, d_model=16, n_heads=2, n_layers=1,
                      position="alibi")
     folder = _write_data(tmp_path / "data", np.random.default_rng(0).integers(0, 61, 300))

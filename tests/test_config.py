@@ -42,11 +42,13 @@ def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
     _write(tmp_path / "base.json", {"model": {"d_model": 64, "n_heads": 4}, "train": {"lr": 0.001}})
     child = _write(tmp_path / "child.json", {"extends": "base.json", "model": {"chunk_size": 3}})
     cfg = load_config(child, ["model.thickness=2", "train.lr=3e-4", "eval.lengths=64,128", "logging.wandb=false",
-                              "model.pad=mask", "data.task_options={\"n\": 2}", "train.zero_stage=2",
-                              "deepspeed.zero_optimization={\"stage\": 2}"])
+                              "model.pad=mask", "train.zero_stage=2", "deepspeed.zero_optimization={\"stage\": 2}"])
     assert (cfg.model.d_model, cfg.model.chunk_size, cfg.model.thickness, cfg.model.pad) == (64, 3, 2, "mask")
     assert cfg.train.lr == 3e-4 and cfg.eval.lengths == [64, 128] and cfg.logging.wandb is False
-    assert cfg.data.task_options == {"n": 2} and cfg.deepspeed == {"zero_optimization": {"stage": 2}}
+    assert cfg.deepspeed == {"zero_optimization": {"stage": 2}}
+    formal = load_config(ROOT / "configs/formal/dyck_2.json", ["data.task_options={\"n\": 3}", "eval.max_length=90"],
+                         FormalConfig)
+    assert formal.data.task_options == {"n": 3} and formal.eval.max_length == 90
 
 
 @pytest.mark.parametrize(
@@ -65,6 +67,8 @@ def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
         ({"eval": {"lengths": [512, 0]}}, r"eval\.lengths"),
         ({"model": {"architecture": "regular_gpt", "position": "alibi"}}, r"model\.position: 'alibi' is not allowed"),
         ({"model": {"head": "classifier"}}, r"model\.num_classes: 0 is not allowed"),
+        ({"model": {"head": "classifier", "num_classes": 2}}, r"model\.head: 'classifier' is not allowed; expected "
+                                                             r"'lm' .*FormalConfig"),
         ({"train": {"lr": float("nan")}}, r"train\.lr: nan is not allowed; expected a finite number"),
         ({"train": {"eps": -1e-8}}, r"train\.eps: -1e-08 is not allowed; expected a number > 0"),
         ({"train": {"dist_timeout_s": 0}}, r"train\.dist_timeout_s: 0\.0 is not allowed; expected a number > 0"),
@@ -97,6 +101,33 @@ def test_missing_file_and_extends_cycle(tmp_path):
     _write(tmp_path / "b.json", {"extends": "a.json"})
     with pytest.raises(ConfigError, match="'extends' cycle"):
         load_config(tmp_path / "a.json")
+
+
+@pytest.mark.parametrize(
+    "kind,body,pattern",
+    [
+        (Config, {"data": {"task": "parity_check"}}, r"data\.task: unknown key; allowed keys: path, seq_len"),
+        (Config, {"data": {"max_length": 40}}, r"data\.max_length: unknown key"),
+        (Config, {"eval": {"samples_per_length": 64}}, r"eval\.samples_per_length: unknown key"),
+        (Config, {"eval": {"lenghts": [64]}}, r"eval\.lenghts: unknown key; did you mean 'lengths'\?"),
+        (FormalConfig, {"data": {"seq_len": 40}}, r"data\.seq_len: unknown key"),
+        (FormalConfig, {"data": {"max_lenght": 40}}, r"data\.max_lenght: unknown key; did you mean 'max_length'\?"),
+        (FormalConfig, {"eval": {"lengths": [64]}}, r"eval\.lengths: unknown key"),
+        (FormalConfig, {"eval": {"protocol": "sliding"}}, r"eval\.protocol: unknown key"),
+    ],
+)
+def test_each_trainer_config_holds_only_its_own_data_and_eval_keys(tmp_path, kind, body, pattern):
+    """`data` and `eval` are sections of both config classes, with each trainer's own fields: the other trainer's
+    key is an unknown-key error naming the file, in a config file and in a --set override alike."""
+    base = {"model": {"head": "classifier", "num_classes": 2}} if kind is FormalConfig else {}
+    path = _write(tmp_path / "other.json", {**base, **body})
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_config(path, kind=kind)
+    assert str(info.value).startswith(f"{path}: ")
+    (section, values), = body.items()
+    (key, value), = values.items()
+    with pytest.raises(ConfigError, match=rf"--set {section}\.{key}=.*unknown key"):
+        load_config(_write(tmp_path / "ok.json", base), [f"{section}.{key}={json.dumps(value).strip('[]')}"], kind)
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from helpers import (
 )
 
 from regulargpt.checkpoint import save_model_file
-from regulargpt.config import load_config_dict
+from regulargpt.config import FormalConfig, load_config_dict
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
@@ -422,7 +422,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict
     save_model_file(root / "ok" / "model.pt", small, build_model(small.model))
     learned = tiny_raw()
     learned["model"].update(architecture="transformer", position="learned", max_positions=16, n_layers=1)
-    learned_cfg = load_config_dict(learned)
+    learned_cfg = load_config_dict(learned, kind=FormalConfig)
     save_model_file(root / "learned" / "model.pt", learned_cfg, build_model(learned_cfg.model))
     lm_cfg = load_config_dict({"model": {"vocab_size": 16, "d_model": 16, "n_heads": 2}, "data": {"seq_len": 8}})
     save_model_file(root / "lm" / "model.pt", lm_cfg, build_model(lm_cfg.model))

@@ -12,7 +12,7 @@ from helpers import Crash, CrashingTask, load_script, tiny_cfg, tiny_raw
 from helpers import formal_losses as losses
 
 from regulargpt.checkpoint import save_model_file
-from regulargpt.config import ConfigError, load_config_dict
+from regulargpt.config import ConfigError, FormalConfig, load_config_dict
 from regulargpt.evaluation.formal_scoring import parse_lengths, range_evaluate, range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, load_profile, plan_runs, run_sweep
 from regulargpt.experiments.formal_tables import collect_runs, table1, table2, write_tables
@@ -55,10 +55,10 @@ def test_vocab_or_classes_disagreeing_with_the_task_is_a_clear_error(tmp_path: P
     raw = tiny_raw()
     raw["model"]["vocab_size"] = 3
     with pytest.raises(ConfigError, match=r"model.vocab_size = 3 .*input_vocab_size = 2"):
-        train_formal(load_config_dict(raw), tmp_path)
+        train_formal(load_config_dict(raw, kind=FormalConfig), tmp_path)
     raw["model"]["vocab_size"], raw["data"]["task"] = 2, "cycle_navigation"
     with pytest.raises(ConfigError, match="model.vocab_size = 2 .*input_vocab_size = 3"):
-        formal_task(load_config_dict(raw))
+        formal_task(load_config_dict(raw, kind=FormalConfig))
 
 
 def test_parse_lengths() -> None:
@@ -262,7 +262,7 @@ def test_recipe_ignores_seed_and_bookkeeping_but_not_training_settings() -> None
     assert recipe_id(tiny_cfg(lr=3e-3)) != base and recipe_id(tiny_cfg(steps=9)) != base
     raw = tiny_raw()
     raw["model"]["init"] = "fan_in"
-    assert recipe_id(load_config_dict(raw)) != base
+    assert recipe_id(load_config_dict(raw, kind=FormalConfig)) != base
 
 
 def test_a_run_saved_before_a_config_field_existed_still_resumes(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ def test_a_run_saved_as_a_language_model_config_still_resumes_and_aggregates(tmp
     precision, zero_stage, ...: fixtures/formal_config_resolved_v1.json, written by that code for the quick
     profile's parity_check/regular_gpt_c2 seed 0). It still reads as the same config, with the same recipe, so old
     runs resume and their tables stay valid; a config file that sets one of those keys is an unknown-key error."""
-    from regulargpt.config import FormalConfig, formal_config_from_saved, load_config
+    from regulargpt.config import formal_config_from_saved, load_config
     from regulargpt.experiments.formal_sweep import recipe_id
 
     saved = json.loads((Path(__file__).parent / "fixtures" / "formal_config_resolved_v1.json").read_text())

@@ -36,6 +36,7 @@ import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import fraction, non_negative_float, non_negative_int, positive_float, positive_int, run
+from regulargpt.config import FormalConfig
 from regulargpt.evaluation.formal_scoring import (
     RangeEvalError,
     check_lengths,
@@ -52,9 +53,9 @@ from regulargpt.tasks import make_task
 def cmd_range(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     cfg, model, _ = load_model_file(Path(args.run) / MODEL_FILE)
-    if cfg.model.head != "classifier" or not cfg.data.task:
-        raise RangeEvalError(f"--run {args.run}: its {MODEL_FILE} is a language model (model.head={cfg.model.head!r}, "
-                             f"data.task={cfg.data.task!r}), not a formal-language classifier; evaluate it with "
+    if not isinstance(cfg, FormalConfig):
+        raise RangeEvalError(f"--run {args.run}: its {MODEL_FILE} is a language model (model.head={cfg.model.head!r}), "
+                             f"not a formal-language classifier; evaluate it with "
                              f"`python eval/extrapolate.py --runs {args.run} --out DIR`")
     options = dict(cfg.data.task_options)
     if args.p_one is not None:

@@ -131,7 +131,7 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
                                            model_overrides={"depth_policy": depth_policy} if depth_policy else None)
     except ConfigError as err:
         raise EvalError(f"{model_path}: --depth-policy {depth_policy}: {err}") from None
-    if cfg.model.head != "lm":
+    if not isinstance(cfg, Config):  # a FormalConfig: a sequence classifier
         raise EvalError(f"{model_path}: head {cfg.model.head!r} is not a language model (perplexity needs head 'lm')")
     return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta, depth_policy)
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from regulargpt.config import Config
+from regulargpt.config import Config, FormalConfig
 from regulargpt.evaluation.probes import input_gradient_norms
 from regulargpt.files import atomic_savefig, atomic_write_text
 from regulargpt.tasks import make_task
@@ -50,7 +50,7 @@ class ReceptiveField:
         return next(w for w in range(1, t + 1) if self.cumulative[t - w] >= mass - 1e-12)
 
 
-def formal_batch(cfg: Config, length: int, samples: int, seed: int) -> tuple[Tensor, Tensor]:
+def formal_batch(cfg: FormalConfig, length: int, samples: int, seed: int) -> tuple[Tensor, Tensor]:
     """`samples` strings of `length` from the run's task and their labels: (B, T), (B,)."""
     task = make_task(cfg.data.task, **cfg.data.task_options)
     return task.sample(samples, length, torch.Generator().manual_seed(seed))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from regulargpt.config import ConfigError, load_config_dict
+from regulargpt.config import ConfigError, config_from_saved
 from regulargpt.files import read_json_object
 from regulargpt.run_files import CONFIG_FILE, MODEL_FILE
 from regulargpt.train.engine import TrainError
@@ -76,7 +76,7 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
     cfg_path = run_dir / CONFIG_FILE
     if not cfg_path.is_file():
         raise TrainError(f"{run_dir}: no {CONFIG_FILE}; not a run directory")
-    cfg = load_config_dict(read_json_object(cfg_path, ConfigError), source=str(cfg_path))
+    cfg = config_from_saved(read_json_object(cfg_path, ConfigError), source=str(cfg_path))
     if step is None:
         step = latest_step(run_dir)
         if step is None:

@@ -8,9 +8,9 @@ compared as one value), except those the trainer declares resume-free in a :clas
                              (:data:`regulargpt.train.run_directory.lm_resume.RESUME_FREE`)
     formal trainer           section logging (:mod:`regulargpt.train.formal_trainer`)
 
-The saved file is resolved by today's code (:func:`regulargpt.config.load_config_dict`), so a field added since,
-at its default, is no difference. Any other difference is an error in one format naming the file and every
-differing key with both values, e.g.
+The saved file is resolved by today's code (:func:`regulargpt.config.config_from_saved` or
+:func:`regulargpt.config.formal_config_from_saved`), so a field added since, at its default, is no difference. Any
+other difference is an error in one format naming the file and every differing key with both values, e.g.
 
     runs/a/config.resolved.json: the run there was trained with a different config (train.lr: run has 0.003,
     now 0.01); resume with the same config, or use another --run-dir
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regulargpt.config import Config, ConfigError, FormalConfig, config_to_dict, load_config_dict
+from regulargpt.config import Config, ConfigError, FormalConfig, config_from_saved, config_to_dict
 from regulargpt.files import read_json_object
 from regulargpt.run_files import CONFIG_FILE
 
@@ -56,10 +56,10 @@ def _flatten(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def saved_config(run_dir: Path, error: type[Exception],
-                 read: Callable[..., Config | FormalConfig] = load_config_dict) -> Config | FormalConfig | None:
+                 read: Callable[..., Config | FormalConfig] = config_from_saved) -> Config | FormalConfig | None:
     """The config saved in ``run_dir/config.resolved.json``, resolved by today's code; None for a new run.
 
-    `read(raw, source=...)` builds it: ``load_config_dict`` for the LM trainer, ``formal_config_from_saved`` for the
+    `read(raw, source=...)` builds it: ``config_from_saved`` for the LM trainer, ``formal_config_from_saved`` for the
     formal one. An unreadable or invalid file raises `error` (each trainer's own exception type) naming the file."""
     path = run_dir / CONFIG_FILE
     if not path.is_file():
