@@ -9,8 +9,13 @@ and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+__all__ = ["TrainError", "UserError"]
 
 
 class UserError(Exception):
     """An error whose message names the file, key or value at fault and what was expected; no traceback needed."""
+
+
+class TrainError(UserError, RuntimeError):
+    """A training setup problem a user can fix, or a run directory that cannot be resumed (message says what and
+    how). Raised by the trainers (regulargpt.train) and by the run-directory component (regulargpt.run_directory)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,3 +92,34 @@ def test_a_bad_flag_value_is_an_argparse_error_naming_the_flag(script: str, argv
         load_script(script).main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_script_runs_its_own_checkout_before_an_installed_package(tmp_path: Path) -> None:
+    """A sweep runs from a git worktree at a fixed commit while the venv's editable install points at main: the
+    script must import the worktree's code. A decoy `regulargpt` first on PYTHONPATH must lose to the checkout."""
+    decoy = tmp_path / "regulargpt"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy regulargpt was imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(ROOT / "launch/export.py"), "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "decoy" not in proc.stderr
+
+
+_SCRIPTS = sorted({*WRAPPERS.values(), *(str(p.relative_to(ROOT)) for p in (ROOT / "eval").glob("*.py"))})
+
+
+@pytest.mark.parametrize("script", _SCRIPTS)
+def test_every_script_that_imports_the_package_puts_its_checkout_first(script: str) -> None:
+    """Statically: the sys.path.insert of the script's own checkout comes before its first regulargpt import."""
+    tree = ast.parse((ROOT / script).read_text())
+    first_import = insert = None
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("regulargpt") and first_import is None:
+            first_import = node.lineno
+        if insert is None and "sys.path.insert" in ast.unparse(node):
+            insert = node.lineno
+    if first_import is None:
+        pytest.skip(f"{script} imports regulargpt only inside functions or not at all")
+    assert insert is not None and insert < first_import, script

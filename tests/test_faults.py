@@ -47,7 +47,7 @@ from regulargpt.config import FormalConfig, load_config_dict
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
-from regulargpt.train import run_directory as rd
+from regulargpt import run_directory as rd
 from regulargpt.train.formal_trainer import formal_task, train_formal
 
 

@@ -235,7 +235,7 @@ def test_time_to_solve_check_does_not_change_training(tmp_path: Path) -> None:
     and the data are still those of a run without the check. The check rows and model.pt's meta record the first
     step at or above the threshold."""
     from regulargpt.checkpoint import load_model_file
-    from regulargpt.run_files import SOLVE_FILE
+    from regulargpt.run_directory.layout import SOLVE_FILE
     from regulargpt.train.formal_trainer import SolveCheck
 
     cfg = tiny_cfg(steps=12, save_every=5)
@@ -321,7 +321,7 @@ def test_a_run_trained_in_slices_equals_one_run_and_the_long_run_report(tmp_path
     give the same losses, checks and weights as one run. `long-run` trains two seeds in turn and reports per-step
     scores per seed, a standing line each and a PNG."""
     from regulargpt.checkpoint import load_model_file
-    from regulargpt.run_files import SOLVE_FILE
+    from regulargpt.run_directory.layout import SOLVE_FILE
     from regulargpt.train.formal_trainer import SolveCheck
 
     cfg = tiny_cfg(steps=12, save_every=5)

@@ -58,16 +58,18 @@ def test_no_module_of_the_package_imports_itself_back() -> None:
     assert _cycle(graph) is None
 
 
-def test_evaluation_and_model_import_nothing_from_training_or_experiments() -> None:
-    """Layers: model < evaluation < train < experiments; evaluation reads run directories through
-    ``regulargpt.run_files``, never through the trainer."""
+def test_evaluation_model_and_run_directory_import_nothing_from_training_or_experiments() -> None:
+    """Layers: model, run_directory < evaluation < train < experiments; evaluation and the experiment tables read run
+    directories through ``regulargpt.run_directory``, never through the trainer."""
     graph = _module_graph()
     assert "regulargpt.train.formal_trainer" in graph["regulargpt.experiments.formal_sweep"]  # sees real imports
+    assert "regulargpt.run_directory" in graph["regulargpt.experiments.formal_tables"]
 
     def upper(target: str) -> bool:
         return any(target == layer or target.startswith(f"{layer}.")
                    for layer in ("regulargpt.train", "regulargpt.experiments"))
 
     wrong = {module: sorted(filter(upper, targets)) for module, targets in graph.items()
-             if module.startswith(("regulargpt.evaluation", "regulargpt.model")) and any(map(upper, targets))}
+             if module.startswith(("regulargpt.evaluation", "regulargpt.model", "regulargpt.run_directory"))
+             and any(map(upper, targets))}
     assert wrong == {}

@@ -40,7 +40,7 @@ from helpers import (
 )
 
 from regulargpt import peak
-from regulargpt.train import run_directory as rd
+from regulargpt import run_directory as rd
 
 # ------------------------------------------------------------------------------------------------ peak meter
 

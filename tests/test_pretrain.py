@@ -158,7 +158,7 @@ def test_vocab_mismatch_is_a_clear_error(data_dir, tmp_path, quiet_env):
 
 def test_run_dir_config_check_prune_and_partial_cleanup(data_dir, tmp_path):
     from regulargpt.train import TrainError
-    from regulargpt.train import run_directory as rd
+    from regulargpt import run_directory as rd
 
     cfg = _cfg(data_dir)
     rd.check_or_write_config(tmp_path, cfg)

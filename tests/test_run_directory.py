@@ -1,4 +1,4 @@
-"""The run-directory component both trainers share (regulargpt/train/run_directory/), on hand-made run folders.
+"""The run-directory component both trainers share (regulargpt/run_directory/), on hand-made run folders.
 
 Policy: a resumed run's saved config must equal the new one outside the trainer's resume-free keys, else one error
 names the file and every differing key; metrics rows after the resume step and a torn last line are dropped; a
@@ -26,7 +26,7 @@ from regulargpt.config import (
 )
 from regulargpt.files import TornLineWarning
 from regulargpt.train import TrainError
-from regulargpt.train import run_directory as rd
+from regulargpt import run_directory as rd
 from regulargpt.train.formal_trainer import _RESUME_FREE as FORMAL_RESUME_FREE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,8 +24,8 @@ from regulargpt.config import (
 from regulargpt.evaluation.length_sweep import run_variant, variant_id
 from regulargpt.experiments.formal_sweep import recipe_id
 from regulargpt.model import build_model
-from regulargpt.train.run_directory import saved_config
-from regulargpt.train.run_directory.lm_resume import check_or_write_config
+from regulargpt.run_directory import saved_config
+from regulargpt.run_directory.lm_resume import check_or_write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -46,7 +46,7 @@ from regulargpt.evaluation.formal_scoring import (
 )
 from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
 from regulargpt.experiments.formal_tables import write_tables
-from regulargpt.run_files import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
+from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
 from regulargpt.tasks import make_task
 
 

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
     if args.extend_to is not None:
-        from regulargpt.train.run_directory import extension_config
+        from regulargpt.run_directory import extension_config
 
         cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)

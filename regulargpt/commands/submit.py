@@ -106,7 +106,7 @@ def plan(args: argparse.Namespace) -> list[Job]:
 def validate(jobs: list[Job], world_size: int) -> None:
     """Everything a pretraining job would check at start-up, now: SubmitError naming the run at the first problem."""
     from regulargpt.config import load_config
-    from regulargpt.train import run_directory as rd
+    from regulargpt import run_directory as rd
     from regulargpt.train.engine import check_deepspeed_config
     from regulargpt.train.loop import open_data
 

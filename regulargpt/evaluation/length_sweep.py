@@ -27,7 +27,7 @@ from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.evaluation.lm_report import row_key
 from regulargpt.files import read_json_object, read_jsonl
-from regulargpt.run_files import MODEL_FILE
+from regulargpt.run_directory.layout import MODEL_FILE
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,

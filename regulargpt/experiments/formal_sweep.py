@@ -14,7 +14,7 @@ A *profile* (``configs/formal/profiles/<name>.json``) says what a sweep runs and
 
 One run's config = task config ← model preset ← every matching ``overrides`` entry (in file order) ← ``--set``
 overrides ← ``train.seed`` and ``train.lr`` of the grid point. It lives in ``OUT/<task>/<model>/seed<S>_lr<LR>/``
-(``regulargpt.train.formal_trainer`` layout; file names in :mod:`regulargpt.run_files`) with ``sweep.json``
+(``regulargpt.train.formal_trainer`` layout; file names in :mod:`regulargpt.run_directory.layout`) with ``sweep.json``
 (profile, grid point, eval lengths and sample count), ``range.jsonl`` (range evaluation at the training task
 options) and, for the Table 2 task, ``range_p<P>.jsonl`` (the same evaluation with the task option ``p_one = P``; the training value reuses
 ``range.jsonl``). A run is finished when ``model.pt`` exists and every evaluation file has all its lengths; finished
@@ -56,7 +56,7 @@ from regulargpt.evaluation.formal_scoring import (
     read_rows,
 )
 from regulargpt.files import atomic_write_text
-from regulargpt.run_files import MODEL_FILE, RANGE_FILE, SWEEP_FILE
+from regulargpt.run_directory.layout import MODEL_FILE, RANGE_FILE, SWEEP_FILE
 from regulargpt.tasks import Task, make_task
 from regulargpt.train.formal_trainer import formal_task, train_formal
 

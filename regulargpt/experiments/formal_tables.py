@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from regulargpt.config import FormalConfig, formal_config_from_saved
+from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
 from regulargpt.evaluation.formal_scoring import range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
-from regulargpt.run_files import CONFIG_FILE, MODEL_FILE, RANGE_FILE, SWEEP_FILE
+from regulargpt.run_directory import saved_config
+from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE, RANGE_FILE, SWEEP_FILE
 
 __all__ = ["FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
 
@@ -65,7 +66,10 @@ def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun],
         if not (run_dir / MODEL_FILE).is_file():
             pending.append(name)
             continue
-        cfg = formal_config_from_saved(read_json_object(run_dir / CONFIG_FILE), source=str(run_dir / CONFIG_FILE))
+        cfg = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
+        if not isinstance(cfg, FormalConfig):
+            raise ConfigError(f"{run_dir / CONFIG_FILE}: missing; {run_dir} has a model but not the config it was "
+                              f"trained with")
         trained_p = cfg.data.task_options.get("p_one", 0.5)  # evaluated once, in range.jsonl (as the sweep does)
         files: dict[float | None, Path] = {None: run_dir / RANGE_FILE}
         files.update({p: run_dir / (RANGE_FILE if p == trained_p else f"range_p{p:g}.jsonl")

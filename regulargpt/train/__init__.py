@@ -16,6 +16,6 @@ docs/RELIABILITY.md.
 from regulargpt.train.engine import TrainError, deepspeed_config, lr_factor
 from regulargpt.train.loop import train
 from regulargpt.train.export import export_model
-from regulargpt.train.run_directory import default_run_dir
+from regulargpt.run_directory import default_run_dir
 
 __all__ = ["TrainError", "deepspeed_config", "lr_factor", "train", "default_run_dir", "export_model"]

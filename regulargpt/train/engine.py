@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from regulargpt.config import Config, merge_dicts
-from regulargpt.errors import UserError
+from regulargpt.errors import TrainError
 
 __all__ = [
     "TrainError",
@@ -56,10 +56,6 @@ __all__ = [
     "build_engine",
     "check_precision",
 ]
-
-
-class TrainError(UserError, RuntimeError):
-    """A training setup problem a user can fix (message says what and how)."""
 
 
 # ------------------------------------------------------------------------------------------------ process env

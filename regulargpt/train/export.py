@@ -17,15 +17,15 @@ import torch
 
 from regulargpt.config import ConfigError, config_from_saved
 from regulargpt.files import read_json_object
-from regulargpt.run_files import CONFIG_FILE, MODEL_FILE
+from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE
 from regulargpt.train.engine import TrainError
-from regulargpt.train.run_directory.checkpoints import (
+from regulargpt.run_directory.checkpoints import (
     checkpoint_steps,
     latest_step,
     read_trainer_state,
     verify_checkpoint,
 )
-from regulargpt.train.run_directory.safe_load import safe_loading
+from regulargpt.run_directory.safe_load import safe_loading
 
 __all__ = ["consolidated_state_dict", "export_model"]
 

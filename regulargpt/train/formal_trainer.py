@@ -9,8 +9,8 @@ Seeds: ``train.seed`` is split into independent streams with :class:`numpy.rando
 model initialisation, stream 1 the data (lengths and strings), stream 2 the global torch RNG (dropout). Changing the
 model therefore never changes the data a seed sees.
 
-Run directory (file names in :mod:`regulargpt.run_files`; config check, metrics truncation and checkpoint
-fallback are the shared :mod:`regulargpt.train.run_directory`)::
+Run directory (file names in :mod:`regulargpt.run_directory.layout`; config check, metrics truncation and checkpoint
+fallback are the shared :mod:`regulargpt.run_directory`)::
 
     DIR/config.resolved.json   the resolved config (compared on resume; a different config is an error)
     DIR/metrics.jsonl          {"step", "loss", "acc", "lr", "length", "seconds"} every train.log_every steps
@@ -51,10 +51,10 @@ from regulargpt.config import ConfigError, FormalConfig, formal_config_from_save
 from regulargpt.evaluation.formal_scoring import held_out_score
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
-from regulargpt.run_files import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
+from regulargpt.run_directory.layout import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
-from regulargpt.train.run_directory import (
+from regulargpt.run_directory import (
     ResumePolicy,
     check_config_unchanged,
     config_changes,

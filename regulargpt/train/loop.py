@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from regulargpt.config import Config
 from regulargpt.peak import PEAK_ENV, cached_peak
-from regulargpt.run_files import MODEL_FILE
-from regulargpt.train import run_directory as rd
+from regulargpt.run_directory.layout import MODEL_FILE
+from regulargpt import run_directory as rd
 from regulargpt.train.export import export_model
 from regulargpt.train.engine import (
     TrainError,

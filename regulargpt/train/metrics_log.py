@@ -27,8 +27,8 @@ from typing import Any
 
 from regulargpt.config import Config, config_to_dict
 from regulargpt.files import atomic_write_text
-from regulargpt.run_files import METRICS_FILE
-from regulargpt.train.run_directory.metrics import open_for_append
+from regulargpt.run_directory.layout import METRICS_FILE
+from regulargpt.run_directory.metrics import open_for_append
 
 __all__ = ["wandb_has_key", "MetricsLog"]
 

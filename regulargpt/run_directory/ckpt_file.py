@@ -1,6 +1,6 @@
 """The formal trainer's checkpoint: one file, ``ckpt.pt``, and the one before it, ``ckpt.prev.pt``.
 
-Layout inside the run directory (file names in :mod:`regulargpt.run_files`)::
+Layout inside the run directory (file names in :mod:`regulargpt.run_directory.layout`)::
 
     ckpt.pt          a dict saved with torch.save (the trainer's keys: model, optimizer, step, RNG states, …)
     ckpt.prev.pt     the checkpoint before it: each save renames ckpt.pt to this, then writes ckpt.pt atomically
@@ -8,7 +8,7 @@ Layout inside the run directory (file names in :mod:`regulargpt.run_files`)::
 Rotation keeps exactly one older checkpoint (:func:`save_ckpt`); a crash between the two renames leaves
 ``ckpt.prev.pt`` and no ``ckpt.pt``, never a partial file. Resume (:func:`load_ckpt`) takes ``ckpt.pt``; one that
 cannot be read (truncated, overwritten) is set aside as ``ckpt.pt.corrupt`` and ``ckpt.prev.pt`` used, with a
-warning naming both (the rule of :mod:`regulargpt.train.run_directory.fallback`).
+warning naming both (the rule of :mod:`regulargpt.run_directory.fallback`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 
 from regulargpt.checkpoint import CheckpointError
 from regulargpt.files import atomic_write_bytes
-from regulargpt.run_files import CKPT_FILE, METRICS_FILE, PREV_CKPT_FILE
-from regulargpt.train.run_directory.fallback import fallback_warning, set_aside
+from regulargpt.run_directory.layout import CKPT_FILE, METRICS_FILE, PREV_CKPT_FILE
+from regulargpt.run_directory.fallback import fallback_warning, set_aside
 
 __all__ = ["save_ckpt", "load_ckpt"]
 

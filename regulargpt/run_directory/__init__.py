@@ -1,6 +1,8 @@
 """The run directory: one component both trainers use for its layout, resume checks and checkpoints.
 
-Layout (file names in :mod:`regulargpt.run_files`, which evaluation reads without importing training)::
+It imports nothing from training (tests/test_imports.py), so evaluation and the experiment tables read run
+directories through it too (file names in :mod:`regulargpt.run_directory.layout`, saved configs with
+:func:`saved_config`). Layout::
 
     runs/tiny-regular_gpt-seed0/       language-model trainer (regulargpt.train.loop)
       config.resolved.json               the full config this run trains with (compared on resume)
@@ -34,7 +36,7 @@ formal). Every ``torch.load`` of a language-model checkpoint runs under :func:`s
 Consolidating a checkpoint into ``model.pt`` is :mod:`regulargpt.train.export`.
 """
 
-from regulargpt.train.run_directory.checkpoints import (
+from regulargpt.run_directory.checkpoints import (
     checkpoint_steps,
     latest_step,
     load_rng,
@@ -49,15 +51,15 @@ from regulargpt.train.run_directory.checkpoints import (
     write_checksums,
     write_trainer_state,
 )
-from regulargpt.train.run_directory.ckpt_file import load_ckpt, save_ckpt
-from regulargpt.train.run_directory.config_check import (
+from regulargpt.run_directory.ckpt_file import load_ckpt, save_ckpt
+from regulargpt.run_directory.config_check import (
     ResumePolicy,
     check_config_unchanged,
     config_changes,
     saved_config,
 )
-from regulargpt.train.run_directory.fallback import fallback_warning, set_aside
-from regulargpt.train.run_directory.lm_resume import (
+from regulargpt.run_directory.fallback import fallback_warning, set_aside
+from regulargpt.run_directory.lm_resume import (
     RESUME_FREE,
     RESUME_FREE_KEYS,
     check_or_write_config,
@@ -65,8 +67,8 @@ from regulargpt.train.run_directory.lm_resume import (
     extension_config,
     set_aside_export,
 )
-from regulargpt.train.run_directory.metrics import open_for_append, truncate_after
-from regulargpt.train.run_directory.safe_load import safe_loading
+from regulargpt.run_directory.metrics import open_for_append, truncate_after
+from regulargpt.run_directory.safe_load import safe_loading
 
 __all__ = [
     # layout and the language model's resume policy

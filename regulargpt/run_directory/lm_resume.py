@@ -2,7 +2,7 @@
 extending a finished run to more steps (``--extend-to``).
 
 A run directory that holds ``config.resolved.json`` is resumed by the same command; the config must be the same
-except for the :data:`RESUME_FREE` keys (compared by :mod:`regulargpt.train.run_directory.config_check`). The one
+except for the :data:`RESUME_FREE` keys (compared by :mod:`regulargpt.run_directory.config_check`). The one
 other accepted change is an extension: ``train.steps`` raised and the finished run's step appended to
 ``train.extended_from`` (:func:`extension_config`), after which the finished run's ``model.pt`` is kept as
 ``model_step<N>.pt`` (:func:`set_aside_export`).
@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 
 from regulargpt.config import Config, save_config
-from regulargpt.run_files import CONFIG_FILE, MODEL_FILE
-from regulargpt.train.engine import TrainError
-from regulargpt.train.run_directory.checkpoints import latest_step
-from regulargpt.train.run_directory.config_check import (
+from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE
+from regulargpt.errors import TrainError
+from regulargpt.run_directory.checkpoints import latest_step
+from regulargpt.run_directory.config_check import (
     ResumePolicy,
     check_config_unchanged,
     config_changes,

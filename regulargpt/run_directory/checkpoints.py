@@ -15,7 +15,7 @@ Save order: every rank writes its files → barrier → rank 0 fsyncs and hashes
 (:func:`prune_checkpoints`). A checkpoint counts once ``latest`` names it: a run killed while saving resumes from the
 previous one, and the partial folder is removed on resume. A checkpoint that fails its checksums later (truncated,
 overwritten, a missing file) is set aside and the older intact checkpoint used instead, with a warning naming both
-(:func:`resume_step`, the rule of :mod:`regulargpt.train.run_directory.fallback`).
+(:func:`resume_step`, the rule of :mod:`regulargpt.run_directory.fallback`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from regulargpt.files import atomic_write, atomic_write_text, read_json_object, sha256_file
-from regulargpt.train.engine import TrainError
-from regulargpt.train.run_directory.fallback import fallback_warning, set_aside
-from regulargpt.train.run_directory.safe_load import safe_loading
+from regulargpt.errors import TrainError
+from regulargpt.run_directory.fallback import fallback_warning, set_aside
+from regulargpt.run_directory.safe_load import safe_loading
 
 __all__ = [
     "checkpoint_steps",
@@ -143,7 +143,7 @@ def resume_step(run_dir: Path) -> tuple[int | None, list[str]]:
 
     Normally the one ``latest`` names; folders newer than it (interrupted saves) are deleted. If it fails
     :func:`verify_checkpoint`, the newest older checkpoint that passes is used: every failed folder is renamed
-    ``global_step<N>.corrupt`` (:func:`~regulargpt.train.run_directory.fallback.set_aside`) and ``latest``
+    ``global_step<N>.corrupt`` (:func:`~regulargpt.run_directory.fallback.set_aside`) and ``latest``
     rewritten, and a warning names both checkpoints. Without any intact checkpoint: TrainError listing what is wrong
     with each (nothing is renamed then).
     """

@@ -5,7 +5,7 @@ directory must train the same thing, so every field is compared, flattened to ``
 compared as one value), except those the trainer declares resume-free in a :class:`ResumePolicy`:
 
     language-model trainer   sections eval, logging; keys data.path, train.log_every, train.save_every, …
-                             (:data:`regulargpt.train.run_directory.lm_resume.RESUME_FREE`)
+                             (:data:`regulargpt.run_directory.lm_resume.RESUME_FREE`)
     formal trainer           section logging (:mod:`regulargpt.train.formal_trainer`)
 
 The saved file is resolved by today's code (:func:`regulargpt.config.config_from_saved` or
@@ -25,7 +25,7 @@ from typing import Any
 
 from regulargpt.config import Config, ConfigError, FormalConfig, config_from_saved, config_to_dict
 from regulargpt.files import read_json_object
-from regulargpt.run_files import CONFIG_FILE
+from regulargpt.run_directory.layout import CONFIG_FILE
 
 __all__ = ["ResumePolicy", "saved_config", "config_changes", "check_config_unchanged"]
 

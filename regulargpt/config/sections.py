@@ -1,0 +1,284 @@
+"""The config sections: one frozen dataclass per JSON section, each validating itself in ``__post_init__`` and
+naming a failure ``<section>.<key>`` (a :class:`ConfigError`), e.g. ``train.lr: 0.0 is not allowed; expected a number
+> 0``. The whole-run classes that hold them are in :mod:`regulargpt.config.run_configs`."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from regulargpt.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """A config problem a user can fix; the message names the file, the key path, the value and what is allowed."""
+
+
+class _Section:
+    """Base of the config sections: a section validates itself in ``__post_init__`` and names its failures
+    ``<section>.<key>``."""
+
+    section: ClassVar[str] = ""
+
+    def _fail(self, key: str, value: Any, expected: str) -> typing.NoReturn:
+        raise ConfigError(f"{self.section}.{key}: {value!r} is not allowed; expected {expected}")
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) <= 0:
+                self._fail(name, getattr(self, name), "a number > 0")
+
+
+Architecture = Literal["regular_gpt", "transformer", "rnn", "lstm"]
+Position = Literal[
+    "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative"
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    """The network. `architecture` picks the family; the other fields apply where they make sense.
+
+    RegularGPT: `chunk_size` C, `thickness` K, adaptive depth ceil(log_C T) depth steps of one shared block of K
+    sub-layers. Transformer baseline: `n_layers` dense causal layers with the `position` scheme.
+    """
+
+    architecture: Architecture = "regular_gpt"
+    head: Literal["lm", "classifier"] = "lm"  # lm: every position predicts the next token; classifier: last position
+    vocab_size: int = 256
+    num_classes: int = 0  # classifier only (>= 2)
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4  # transformer / rnn / lstm only
+    ffn_mult: int = 4  # FFN hidden width = ffn_mult * d_model
+    chunk_size: int = 2  # RegularGPT C
+    thickness: int = 1  # RegularGPT K
+    pad: Literal["learned", "mask"] = "learned"  # RegularGPT: out-of-range keys read the learned pad state, or are masked
+    norm: Literal["pre", "post"] = "pre"
+    activation: Literal["gelu", "relu"] = "gelu"
+    position: Position = "none"  # transformer only (xl_relative: Transformer-XL relative encoding, classifier baseline)
+    max_positions: int = 0  # learned absolute positions only: the longest input the model accepts
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    rope_base: float = 10000.0
+    dropout: float = 0.0
+    qkv_bias: bool = False
+    embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model) (the authors' formal-language models)
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    # Initialisation scheme of linear layers: "normal" = N(0, init_std) (GPT-2/NeoX); "fan_in" = Haiku's default, a
+    # normal truncated at ±2σ with σ = 1/sqrt(fan_in) (the authors' formal-language code).
+    init: Literal["normal", "fan_in"] = "normal"
+    embedding_init_std: float = 0.0  # token embeddings N(0, σ) (before embedding_scale); 0 = init_std
+    # RegularGPT (see docs/EVALUATION.md "The knobs"):
+    depth_policy: Literal["adaptive", "train", "per_position"] = "adaptive"  # depth steps at inference length T
+    train_length: int = 0  # the training length T_train behind depth_policy="train"; 0 = data.seq_len
+    rel_bias_init: Literal["normal", "zeros", "recency"] = "normal"  # window scalars r: N(0, 0.02), 0, −s_h·j
+    depth_scaled_init: bool = False  # output projections (attention, FFN) at init std / sqrt(2 · layer applications)
+    attention_memory_mb: int = 256  # dense baselines: query-chunk size is chosen so one score block stays under this
+
+    section: ClassVar[str] = "model"
+
+    def __post_init__(self) -> None:
+        self._positive("vocab_size", "d_model", "n_heads", "n_layers", "ffn_mult", "attention_memory_mb")
+        if self.d_model % self.n_heads:
+            self._fail("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
+        if self.chunk_size < 2:
+            self._fail("chunk_size", self.chunk_size, "an integer >= 2 (C = 1 would never grow the receptive field)")
+        if self.thickness < 1:
+            self._fail("thickness", self.thickness, "an integer >= 1")
+        if self.head == "classifier" and self.num_classes < 2:
+            self._fail("num_classes", self.num_classes, "an integer >= 2 when head is 'classifier'")
+        if self.architecture != "transformer" and self.position not in ("none",):
+            self._fail("position", self.position, f"'none' for architecture {self.architecture!r} (positions are transformer-only)")
+        if self.architecture in ("rnn", "lstm") and self.head != "classifier":
+            self._fail("head", self.head, "'classifier' for rnn/lstm (they are formal-language baselines)")
+        if self.position == "learned" and self.max_positions < 1:
+            self._fail("max_positions", self.max_positions, "an integer >= 1 when position is 'learned'")
+        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
+            self._fail("position", "rope", f"an even head dimension (d_model/n_heads = {self.d_model // self.n_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            self._fail("dropout", self.dropout, "a probability in [0, 1)")
+        if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
+            self._fail("t5_max_distance", self.t5_max_distance, f"> t5_num_buckets // 2 = {self.t5_num_buckets // 2}")
+        if self.rope_base <= 1.0:
+            self._fail("rope_base", self.rope_base, "a number > 1")
+        if self.init_std <= 0:
+            self._fail("init_std", self.init_std, "a number > 0")
+        if self.embedding_init_std < 0:
+            self._fail("embedding_init_std", self.embedding_init_std, "a number >= 0 (0 = init_std)")
+        if self.train_length < 0:
+            self._fail("train_length", self.train_length, "an integer >= 0 (0 = data.seq_len)")
+        if self.depth_policy != "adaptive" and (self.architecture != "regular_gpt" or self.head != "lm"):
+            self._fail("depth_policy", self.depth_policy,
+                  "'adaptive' unless architecture is 'regular_gpt' with head 'lm' (tree mode reads one position)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    """The language-model trainer's training data: a token-shard folder, read in windows of `seq_len` tokens."""
+
+    path: str = ""  # folder written by data_prep/prepare.py
+    seq_len: int = 512  # language-model training length T
+
+    section: ClassVar[str] = "data"
+
+    def __post_init__(self) -> None:
+        self._positive("seq_len")
+
+
+@dataclass(frozen=True)
+class FormalDataConfig(_Section):
+    """The formal-language trainer's training data: a task (regulargpt.tasks), each batch at one length drawn
+    uniformly from min_length..max_length, e.g. parity_check at 1..40."""
+
+    task: str = ""  # formal-language task name (regulargpt.tasks.TASK_NAMES)
+    task_options: dict[str, Any] = field(default_factory=dict)
+    min_length: int = 1
+    max_length: int = 40
+
+    section: ClassVar[str] = "data"
+
+    def __post_init__(self) -> None:
+        self._positive("min_length", "max_length")
+        if self.max_length < self.min_length:
+            self._fail("max_length", self.max_length, f">= min_length={self.min_length}")
+
+
+@dataclass(frozen=True)
+class FormalTrainConfig(_Section):
+    """Optimisation in the formal-language trainer: one process, Adam, global-norm clipping, a constant rate.
+
+    `batch_size` is the whole batch of one step (the paper's 128); `steps` counts optimizer steps.
+    """
+
+    seed: int = 0
+    steps: int = 1000
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    batch_size: int = 32  # the whole batch of one step
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    log_every: int = 10
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    max_bad_steps: int = 10  # NaN/Inf steps skipped before the run stops
+
+    section: ClassVar[str] = "train"
+
+    def __post_init__(self) -> None:
+        self._positive("steps", "lr", "eps", "batch_size", "log_every")
+        if self.seed < 0:
+            self._fail("seed", self.seed, "an integer >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                self._fail(name, getattr(self, name), "a number in [0, 1)")
+        for name in ("weight_decay", "grad_clip", "save_every", "max_bad_steps"):
+            if getattr(self, name) < 0:
+                self._fail(name, getattr(self, name), "a number >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig(FormalTrainConfig):
+    """Optimisation in the language-model trainer: the formal trainer's fields, plus the LR schedule, gradient
+    accumulation, precision, ZeRO, checkpoint cadence and validation. `steps` counts optimizer steps; one step =
+    grad_accum micro-batches per rank.
+
+    `batch_size` here is the micro-batch per rank: a step sees batch_size x grad_accum x ranks sequences.
+    """
+
+    batch_size: int = 32  # micro-batch per rank (global batch = batch_size x grad_accum x ranks)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_fraction: float = 0.0
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    grad_accum: int = 1
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    zero_stage: int = 0
+    activation_checkpointing: bool = False
+    # torch.compile the model in place (nn.Module.compile: same module, names and state dict) before DeepSpeed wraps
+    # it. Off by default: measured on this CPU (docs/PERFORMANCE.md, "torch.compile") it costs ~20-90 CPU-seconds
+    # of compilation per run and shape.
+    compile: bool = False
+    eval_every: int = 0  # validation every N steps; 0 = only at the end
+    eval_batches: int = 8
+    keep_last: int = 2
+    # Seconds a collective (all-reduce, barrier, ZeRO gather) waits for the other ranks before it fails: a hung or
+    # unreachable node ends the job after at most this long (a crashed one at once: its sockets close). It must exceed
+    # the longest work one rank does while the others wait at a barrier: rank 0 writing model.pt at the end.
+    dist_timeout_s: float = 1800.0
+    # Steps at which `launch/pretrain.py --extend-to` continued a finished run; the LR schedule is re-planned from
+    # each (regulargpt.train.engine.lr_factor). Written by --extend-to, not meant to be set by hand.
+    extended_from: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._positive("grad_accum", "eval_batches", "keep_last", "dist_timeout_s")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            self._fail("warmup_fraction", self.warmup_fraction, "a fraction in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            self._fail("min_lr_ratio", self.min_lr_ratio, "a fraction in [0, 1]")
+        if self.zero_stage not in (0, 1, 2, 3):
+            self._fail("zero_stage", self.zero_stage, "one of 0, 1, 2, 3")
+        if self.eval_every < 0:
+            self._fail("eval_every", self.eval_every, "a number >= 0")
+        bounds = [0, *self.extended_from, self.steps]
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):
+            self._fail("extended_from", self.extended_from, f"increasing steps between 0 and steps={self.steps}, exclusive")
+
+
+@dataclass(frozen=True)
+class EvalConfig(_Section):
+    """How a language model is scored: the lengths and protocol eval/extrapolate.py reads from the run's saved config
+    (its flags override them)."""
+
+    lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
+    protocol: Literal["nonoverlapping", "sliding"] = "nonoverlapping"
+    stride: int = 0  # sliding protocol: 0 means half the window length (L/2)
+    tokens: int = 0  # tokens scored per length; 0 = as many as the split holds at the longest length
+    memory_gb: float = 4.0  # evaluation batch size is chosen to stay under this
+
+    section: ClassVar[str] = "eval"
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(not isinstance(x, int) or x < 1 for x in self.lengths):
+            self._fail("lengths", self.lengths, "a non-empty list of integers >= 1")
+        self._positive("memory_gb")
+        if self.stride < 0 or self.tokens < 0:
+            self._fail("stride" if self.stride < 0 else "tokens", min(self.stride, self.tokens), "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class FormalEvalConfig(_Section):
+    """Range evaluation of a formal-language classifier: `samples_per_length` strings at every length
+    1..max_length; the score is the mean accuracy over score_min_length..max_length (41..500: the unseen lengths)."""
+
+    max_length: int = 500
+    samples_per_length: int = 512
+    score_min_length: int = 41
+
+    section: ClassVar[str] = "eval"
+
+    def __post_init__(self) -> None:
+        self._positive("max_length", "samples_per_length", "score_min_length")
+
+
+@dataclass(frozen=True)
+class LoggingConfig(_Section):
+    """Console and experiment tracking. wandb runs offline when no API key is configured."""
+
+    wandb: bool = False
+    project: str = "regulargpt"
+    run_name: str = ""
+    progress: bool = True  # tqdm progress bars
+
+    section: ClassVar[str] = "logging"
+
+    def __post_init__(self) -> None:
+        if self.wandb and not self.project:
+            self._fail("project", self.project, "a non-empty wandb project name when wandb is on")
