@@ -103,6 +103,15 @@ def test_missing_file_and_extends_cycle(tmp_path):
         load_config(tmp_path / "a.json")
 
 
+def test_formal_score_lengths_must_lie_inside_the_evaluated_range(tmp_path):
+    """A score over lengths score_min_length..max_length with score_min_length > max_length averages nothing."""
+    path = _write(tmp_path / "f.json", {"model": {"head": "classifier", "num_classes": 2},
+                                        "eval": {"max_length": 40, "score_min_length": 41}})
+    with pytest.raises(ConfigError, match=r"f\.json: eval\.score_min_length: 41 is not allowed; expected <= "
+                                          r"max_length=40"):
+        load_config(path, kind=FormalConfig)
+
+
 @pytest.mark.parametrize(
     "kind,body,pattern",
     [

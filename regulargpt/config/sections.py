@@ -266,6 +266,9 @@ class FormalEvalConfig(_Section):
 
     def __post_init__(self) -> None:
         self._positive("max_length", "samples_per_length", "score_min_length")
+        if self.score_min_length > self.max_length:
+            self._fail("score_min_length", self.score_min_length, f"<= max_length={self.max_length} (the score "
+                       f"averages lengths score_min_length..max_length)")
 
 
 @dataclass(frozen=True)
