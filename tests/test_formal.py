@@ -149,6 +149,27 @@ def test_aggregation_on_hand_made_runs(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "table2_quick.json").read_text())["table"] == json.loads(json.dumps(t2))
 
 
+def test_tables_tell_a_failure_to_fit_from_a_failure_to_extrapolate(tmp_path: Path) -> None:
+    """A run's fit is its mean accuracy over the training lengths (the fake runs: lengths 1 and 6 at acc + 0.1);
+    a cell with a run below 0.99 is marked † and the fit table says how many runs miss."""
+    runs = tmp_path / "runs"
+    _fake_run(runs, "regular_gpt_c2", 0, {None: 0.95})  # fits: training lengths at 1.0, extrapolation 0.95
+    _fake_run(runs, "lstm", 0, {None: 0.5})  # does not fit: training lengths at 0.6
+    _fake_run(runs, "lstm", 1, {None: 1.0})
+    finished, _ = collect_runs(runs, "quick")
+    t1 = table1(finished, ["parity_check"], ["regular_gpt_c2", "lstm"])
+    assert t1["parity_check"]["regular_gpt_c2"]["fits"] == [pytest.approx(1.0)]
+    assert t1["parity_check"]["regular_gpt_c2"]["unfit"] == 0
+    assert sorted(t1["parity_check"]["lstm"]["fits"]) == [pytest.approx(0.6), pytest.approx(1.0)]
+    assert t1["parity_check"]["lstm"]["unfit"] == 1
+    profile = Profile(name="quick", description="", tasks=["parity_check"], models=["regular_gpt_c2", "lstm"],
+                      seeds=[0, 1], table2_task="parity_check")
+    write_tables(runs, profile, tmp_path, command=["x"])
+    text = (tmp_path / "table1_quick.md").read_text()
+    assert "| parity_check | 0.950 / 0.950 (1) | 1.000 / 0.750 (2) † |" in text
+    assert "| parity_check | 1.000 / 1.000 | 1.000 / 0.800 (1 of 2 < 0.99) |" in text
+
+
 def test_tables_say_which_planned_cells_are_still_running(tmp_path: Path) -> None:
     """With the profile's planned runs, every planned cell is shown with how many of its runs have finished, and a
     finished run made with another recipe is not counted (listed as stale)."""
@@ -370,3 +391,35 @@ def test_pilot_stable_step_and_recommended_steps() -> None:
     assert stable_step([*rows, {"step": 300, "acc": 0.5}]) is None  # did not fit by the end
     assert stable_step(list(reversed(rows))) == 200  # order of the log lines does not matter
     assert recommended_steps(1100) == 1800 and recommended_steps(1250) == 2000
+
+
+def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(tmp_path: Path) -> None:
+    """`--time-to-solve E --check-lengths 1-6` logs the fit on every training length (tiny config: 1..6); pilot-steps
+    --criterion check reads it, and refuses a check that reached past the training lengths (held-out lengths never
+    choose a step count)."""
+    from regulargpt.commands import formal_suite, train_formal as train_cmd
+    from regulargpt.evaluation.formal_pilots import check_rows
+    from regulargpt.evaluation.formal_scoring import RangeEvalError
+    from regulargpt.run_directory.layout import SOLVE_FILE
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(tiny_raw(steps=6, save_every=0)))
+    fit_dir, held_dir = tmp_path / "fit", tmp_path / "held"
+    assert train_cmd.main(["--config", str(config), "--run-dir", str(fit_dir), "--time-to-solve", "2",
+                           "--check-lengths", "1-6"]) == 0
+    rows = [json.loads(x) for x in (fit_dir / SOLVE_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6] and all(r["lengths"] == [1, 6, 6] for r in rows)
+    assert check_rows(rows, 1, 6, "x") == [{"step": r["step"], "acc": r["score"]} for r in rows]
+    out = tmp_path / "pilot.md"
+    assert formal_suite.main(["pilot-steps", "--runs", str(fit_dir), "--criterion", "check", "--threshold", "0",
+                              "--out", str(out)]) == 0
+    assert "| fit | parity_check | 6 | 2 | 100 |" in out.read_text()  # threshold 0: stable from the first check
+
+    assert train_cmd.main(["--config", str(config), "--run-dir", str(held_dir), "--time-to-solve", "3",
+                           "--check-lengths", "7-12"]) == 0
+    with pytest.raises(RangeEvalError, match=r"held/time_to_solve\.jsonl: step 3: checked lengths \[7, 12, 6\] "
+                                             r"are not inside the training lengths 1\.\.6"):
+        formal_suite.main(["pilot-steps", "--runs", str(held_dir), "--criterion", "check"])
+    with pytest.raises(RangeEvalError, match=r"--check-lengths: length spec 'x-1'"):
+        train_cmd.main(["--config", str(config), "--run-dir", str(tmp_path / "bad"), "--time-to-solve",
+                        "--check-lengths", "x-1"])

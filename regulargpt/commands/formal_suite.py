@@ -200,7 +200,7 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
     stdout; with --out also a file headed by the command, commit, machine and date)."""
     import shlex
 
-    from regulargpt.evaluation.formal_pilots import recommended_steps, stable_step
+    from regulargpt.evaluation.formal_pilots import check_rows, recommended_steps, stable_step
     from regulargpt.files import atomic_write_text, read_json_object, read_jsonl
     from regulargpt.provenance import provenance
 
@@ -212,6 +212,13 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
             continue
         data = read_json_object(run_dir / CONFIG_FILE)["data"]
         task = data["task"] + "".join(f" {k}={v}" for k, v in sorted(data.get("task_options", {}).items()))
+        if args.criterion == "check":
+            source = run_dir / SOLVE_FILE
+            fit = check_rows(read_jsonl(source), data.get("min_length", 1), data.get("max_length", 40), str(source))
+            if not fit:
+                raise RangeEvalError(f"{source}: missing or empty; train the pilot with --time-to-solve EVERY "
+                                     f"--check-lengths {data.get('min_length', 1)}-{data.get('max_length', 40)}")
+            rows = fit
         stable = stable_step(rows, args.threshold)
         advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None
                   else "not stable | more than the pilot's steps")
@@ -221,8 +228,11 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
         head = ["# Step counts from pilot runs", "", f"- Command: `{prov['command']}`",
                 f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
-                f"*Stable from step*: the first logged step (every `log_every` steps, each batch one length from the "
-                f"training range) from which every logged training batch has accuracy >= {args.threshold}; "
+                (f"*Stable from step*: the first logged step (every `log_every` steps, each batch one length from the "
+                 f"training range) from which every logged training batch has accuracy >= {args.threshold}; "
+                 if args.criterion == "batches" else
+                 f"*Stable from step*: the first fit check (mean accuracy over every training length, "
+                 f"`--time-to-solve --check-lengths 1-40`) from which every check is >= {args.threshold}; ") +
                 f"*recommended*: {args.factor:g} x that, rounded up to 100 "
                 f"(regulargpt/evaluation/formal_pilots.py). Held-out lengths never choose a step count.", ""]
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
@@ -281,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pilot-steps", help="step counts from pilot runs' training-batch accuracy")
     p.add_argument("--runs", nargs="+", required=True, help="pilot run directories (metrics.jsonl logged)")
     p.add_argument("--threshold", type=fraction, default=0.99, help="training-batch accuracy (default 0.99)")
+    p.add_argument("--criterion", choices=("batches", "check"), default="batches",
+                   help="batches: metrics.jsonl's logged training batches; check: time_to_solve.jsonl of a pilot "
+                        "trained with --time-to-solve EVERY --check-lengths 1-40 (every training length each check)")
     p.add_argument("--factor", type=positive_float, default=1.6, help="margin over the stable step (default 1.6)")
     p.add_argument("--out", help="also write the table with its provenance, e.g. results/formal/pilot_steps.md")
     p.set_defaults(func=cmd_pilot_steps)

@@ -1,10 +1,18 @@
 """Step counts from pilot runs: how long a task needs to fit its training lengths.
 
-A pilot is a RegularGPT C = 2 run of a task (the profile's recipe, seed 0) whose ``metrics.jsonl`` logs the training
-batch accuracy every `log_every` steps (each batch has one length from 1..40). The *stable step* is the first logged
-step from which every later logged batch has accuracy >= `threshold`; the profile gives the task at least
-`factor` × the stable step, rounded up to a multiple of `round_to`. Only training-length accuracy is used: the
-held-out lengths (41..500) never choose a step count.
+A pilot is a RegularGPT C = 2 run of a task (the profile's recipe) with a measure of its fit logged as it trains,
+by one of two criteria:
+
+- ``batches``: ``metrics.jsonl``'s training-batch accuracy every `log_every` steps (each batch one length from
+  1..40). Weak where a rare length class decides the task: in (aaaa)* only 10 of the 40 lengths (the multiples of
+  4) are positive, and two lucky logged batches looked "stable" to a model that answered "no" at all of them.
+- ``check``: ``time_to_solve.jsonl`` written with ``--time-to-solve --check-lengths 1-40``: the mean accuracy over
+  every training length (64 fixed strings each) every EVERY steps. :func:`check_rows` refuses a check that
+  includes any length outside the training range.
+
+The *stable step* is the first logged step from which every later value is >= `threshold`; the profile gives the
+task at least `factor` × the stable step, rounded up to a multiple of `round_to`. Only training lengths are used:
+the held-out lengths (41..500) never choose a step count.
 
 Worked example: accuracies logged at steps 50, 100, 150, 200 = 0.62, 1.0, 0.97, 1.0 → stable step 200 (150 dips
 below 0.99), recommended ceil(1.6 × 200 / 100) × 100 = 400. A run whose last logged batch is below the threshold
@@ -16,11 +24,29 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["stable_step", "recommended_steps"]
+from regulargpt.evaluation.formal_scoring import RangeEvalError
+
+__all__ = ["check_rows", "stable_step", "recommended_steps"]
+
+
+def check_rows(rows: list[dict[str, Any]], min_length: int, max_length: int, source: str) -> list[dict[str, Any]]:
+    """The rows of a check log (``time_to_solve.jsonl``) as ``{"step", "acc"}`` rows for :func:`stable_step`; a
+    RangeEvalError naming `source` when a row's checked lengths (``"lengths": [shortest, longest, count]``) leave the
+    training range min_length..max_length, or are not recorded (a log written before they were)."""
+    out = []
+    for row in rows:
+        span = row.get("lengths")
+        if not span or span[0] < min_length or span[1] > max_length:
+            raise RangeEvalError(f"{source}: step {row.get('step')}: checked lengths {span or 'not recorded'} are not "
+                             f"inside the training lengths {min_length}..{max_length}; a step count is chosen on "
+                             f"training lengths only (train with --check-lengths {min_length}-{max_length})")
+        out.append({"step": row["step"], "acc": row["score"]})
+    return out
 
 
 def stable_step(rows: list[dict[str, Any]], threshold: float = 0.99) -> int | None:
-    """First logged step from which every logged training-batch accuracy is >= threshold (None if the last is not)."""
+    """First logged step from which every logged accuracy (``acc``: a training batch's, or a fit check's from
+    :func:`check_rows`) is >= threshold (None if the last is not)."""
     stable = None
     for row in sorted(rows, key=lambda r: r["step"]):
         if row["acc"] >= threshold:

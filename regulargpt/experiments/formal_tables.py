@@ -5,6 +5,11 @@ accuracy over the evaluated lengths ``eval.score_min_length..eval.max_length``, 
 Table 2: the Table 2 task (Parity, trained at P(1) = 0.5) evaluated at other P(1): rows = models, columns = P(1),
 once over the training lengths (``data.min_length..data.max_length``, 1..40) and once over 41..max; cells as above.
 
+Each Table 1 cell also carries the runs' *fit*: the mean accuracy over the evaluated training lengths
+(``data.min_length..data.max_length``). A run whose fit is below :data:`FIT_THRESHOLD` did not learn the task on
+the lengths it was trained on, so its low score is a failure to learn, not to extrapolate; such cells are marked †
+and a fit table follows each section (Deletang et al. make the same distinction).
+
 Every report starts with the command, git commit, machine, date, and the exact length ranges and sample counts,
 all read from the runs; no number is typed by hand. Only runs of the requested profile whose ``model.pt`` and
 evaluation files are complete count; the others are listed as pending.
@@ -22,14 +27,16 @@ import numpy as np
 import torch
 
 from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
-from regulargpt.evaluation.formal_scoring import range_score, read_rows
+from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
 from regulargpt.run_directory import saved_config
 from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE, RANGE_FILE, SWEEP_FILE
 
-__all__ = ["FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
+__all__ = ["FIT_THRESHOLD", "FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
+
+FIT_THRESHOLD = 0.99  # a run "fits" its training lengths when its mean accuracy over them is at least this
 
 
 @dataclass
@@ -52,6 +59,15 @@ class FinishedRun:
     @property
     def score(self) -> float:
         return range_score(self.evals[None], self.cfg.eval.score_min_length, self.cfg.eval.max_length)
+
+    @property
+    def fit(self) -> float | None:
+        """Mean accuracy over the evaluated training lengths (data.min_length..data.max_length); None when the
+        run's evaluation holds none of them."""
+        try:
+            return range_score(self.evals[None], self.cfg.data.min_length, self.cfg.data.max_length)
+        except RangeEvalError:
+            return None
 
 
 def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun], list[str]]:
@@ -98,9 +114,10 @@ def _ordered(values: list[str], preferred: list[str]) -> list[str]:
 
 def table1(runs: list[FinishedRun], tasks: list[str], models: list[str],
            expected: dict[tuple[str, str], int] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """{task: {model: {"max", "mean", "n", "scores", "recipes", "expected"}}} over the finished runs of each
-    (task, model); with `expected` (runs the profile plans per cell) every planned cell appears, n = 0 while none
-    has finished."""
+    """{task: {model: {"max", "mean", "n", "scores", "recipes", "expected", "fits", "unfit"}}} over the finished
+    runs of each (task, model); `fits` holds each run's fit (None: not evaluated on training lengths), `unfit` how
+    many are below FIT_THRESHOLD. With `expected` (runs the profile plans per cell) every planned cell appears,
+    n = 0 while none has finished."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     expected = expected or {}
     for task in _ordered([r.task_id for r in runs] + [t for t, _ in expected], tasks):
@@ -110,6 +127,8 @@ def table1(runs: list[FinishedRun], tasks: list[str], models: list[str],
                 continue
             cell = _cell([r.score for r in mine]) if mine else {"max": None, "mean": None, "n": 0, "scores": []}
             cell["recipes"] = sorted({r.recipe for r in mine})
+            cell["fits"] = [r.fit for r in mine]
+            cell["unfit"] = sum(f is not None and f < FIT_THRESHOLD for f in cell["fits"])
             cell["expected"] = expected.get((task, model), len(mine))
             out.setdefault(task, {})[model] = cell
     return out
@@ -178,6 +197,15 @@ def _fmt(cell: dict[str, Any] | None) -> str:
     return f"{text} ({cell['n']})" if cell["n"] >= expected else f"{text} ({cell['n']} of {expected}; rest pending)"
 
 
+def _fmt_fit(cell: dict[str, Any] | None) -> str:
+    """``max / mean`` of the runs' fits, and how many runs are below the threshold: ``0.750 / 0.750 (3 of 3 < 0.99)``."""
+    fits = [f for f in (cell or {}).get("fits", []) if f is not None]
+    if not fits:
+        return "–"
+    text = f"{max(fits):.3f} / {float(np.mean(fits)):.3f}"
+    return f"{text} ({cell['unfit']} of {len(fits)} < {FIT_THRESHOLD:g})" if cell["unfit"] else text
+
+
 def _protocol_lines(proto: dict[str, Any]) -> list[str]:
     intro = ("Protocol (read from the runs): score = mean per-length accuracy over the evaluated lengths in the "
              "score range (the authors' code averages 42..500; we include 41).")
@@ -217,7 +245,10 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending)
     md += _protocol_lines(proto)
     md += ["Cells: max / mean over seeds × learning rates of the score (number of finished runs; a cell whose "
-           "runs are not all finished says how many of the planned runs it holds)."]
+           "runs are not all finished says how many of the planned runs it holds). † = at least one of the cell's "
+           f"runs did not fit its training lengths (mean accuracy over them < {FIT_THRESHOLD:g}): there a low score "
+           "is a failure to learn the task, not to extrapolate it. Below each section, the same runs' fit: max / "
+           "mean over the runs of the mean accuracy over the training lengths."]
     sections = profile.sections or {"": list(t1)}
     rest = [t for t in t1 if not any(t in members for members in sections.values())]
     if rest:
@@ -228,7 +259,11 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
             continue
         md += [""] + ([f"### {title}", ""] if title else [])
         md += ["| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        md += [f"| {task} | " + " | ".join(_fmt(t1[task].get(m)) for m in cols) + " |" for task in rows]
+        md += [f"| {task} | " + " | ".join(_fmt(t1[task].get(m)) + (" †" if (t1[task].get(m) or {}).get("unfit")
+                                                                   else "") for m in cols) + " |" for task in rows]
+        md += ["", f"Fit on the training lengths{f' ({title})' if title else ''}:", "",
+               "| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        md += [f"| {task} | " + " | ".join(_fmt_fit(t1[task].get(m)) for m in cols) + " |" for task in rows]
     md += ["", "Run settings:", "",
            "| task | model | steps | lrs | seeds | d_model | parameters | mean training wall s |",
            "|---|---|---|---|---|---|---|---|"]

@@ -77,12 +77,21 @@ class SolveCheck:
     """Time-to-solve: every `every` steps, the held-out score (mean accuracy over `lengths`, `samples` fixed strings
     each, :func:`~regulargpt.evaluation.formal_scoring.held_out_score`) is logged with the training seconds so far
     (checks excluded). The first check at >= `threshold` is the time to solve. The check reads the model only:
-    training with and without it is identical (tested)."""
+    training with and without it is identical (tested).
+
+    With `lengths` inside the training range (``--check-lengths 1-40``) the same check measures the *fit*: pilot
+    runs choose step counts from it (``eval/formal.py pilot-steps --criterion check``), never from held-out lengths."""
 
     every: int = 100
     lengths: tuple[int, ...] = tuple(range(41, 501, 51))  # 41, 92, …, 500
     samples: int = 64
     threshold: float = 0.99
+
+    @property
+    def span(self) -> list[int]:
+        """[shortest, longest, how many] checked lengths, logged with every check row: a reader can tell a held-out
+        check (41..500) from a fit check on the training lengths (1..40) without the command line."""
+        return [min(self.lengths), max(self.lengths), len(set(self.lengths))]
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.samples < 1 or not self.lengths or min(self.lengths) < 1:
@@ -231,7 +240,8 @@ def train_formal(
                 bar.set_postfix(loss=f"{loss.item():.4f}", acc=f"{acc:.3f}")
             if solve_check and step % solve_check.every == 0:
                 score = held_out_score(model, task, solve_check.lengths, solve_check.samples)
-                row = {"step": step, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), "score": score}
+                row = {"step": step, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), "score": score,
+                       "lengths": solve_check.span}
                 with (run_dir / SOLVE_FILE).open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 if solved is None and score >= solve_check.threshold:
