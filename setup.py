@@ -30,6 +30,7 @@ setup(
             "regulargpt-formal = regulargpt.commands.formal_suite:console",
             "regulargpt-export = regulargpt.commands.export:console",
             "regulargpt-submit = regulargpt.commands.submit:console",
+            "regulargpt-lm-comparison = regulargpt.commands.lm_comparison:console",
         ],
     },
 )

@@ -23,6 +23,7 @@ WRAPPERS = {
     "regulargpt-formal": "eval/formal.py",
     "regulargpt-export": "launch/export.py",
     "regulargpt-submit": "launch/submit.py",
+    "regulargpt-lm-comparison": "eval/lm_comparison.py",
 }
 
 

@@ -1,12 +1,11 @@
-"""eval/lm_comparison.py's study plans: which (dataset, variant, seed) trainings a plan runs, and how it says so."""
+"""The LM studies' plans (regulargpt.experiments.lm_comparison, run by eval/lm_comparison.py): which (dataset,
+variant, seed) trainings a plan runs, and how it says so."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import load_script
-
-cli = load_script("eval/lm_comparison.py")
+from regulargpt.experiments import lm_comparison as cli
 
 
 def _plan(*models: object) -> object:

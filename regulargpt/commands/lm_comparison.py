@@ -1,0 +1,84 @@
+"""`python eval/lm_comparison.py` (console script `regulargpt-lm-comparison`): the CPU-scale length-extrapolation comparison: RegularGPT against ALiBi, T5, KERPLE-log/power, RoPE and NoPE.
+
+Stages (each resumable; rerun the same command after an interruption):
+  1. data: data_prep/prepare.py for every dataset (BPE vocab 2048, --max-bytes cap) into DATA_ROOT/<dataset>;
+  2. parameter budget: every model of configs/tiny/ within ±10% of RegularGPT's count (checked, printed);
+  3. training: launch/pretrain.py per (dataset, model, seed) into OUT/runs/<dataset>/<model>-seed<k>; runs with a
+     model.pt are skipped; every run trains on the same number of tokens (steps × batch × 64);
+  4. evaluation: eval/extrapolate.py per dataset (non-overlapping windows, 64 … 32×64, the same tokens at every
+     length) into OUT/<dataset>/ (results.jsonl, table.md, ppl_vs_length.png, loss_vs_position.png);
+  5. OUT/README.md: commands, git commit, machine, date, parameter counts, tokens, tables, and where RegularGPT
+     wins or loses (every number read from the result files).
+
+Examples:
+    OMP_NUM_THREADS=1 nohup python eval/lm_comparison.py > results/lm_cpu/comparison.log 2>&1 &   # ~75 min, 1 core
+    python eval/lm_comparison.py --demo                          # 1 seed, 4 models, up to 16x: a few minutes
+    python eval/lm_comparison.py --report-only                   # rewrite OUT/README.md from the results
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from regulargpt.cli import positive_float, positive_int, run
+from regulargpt.experiments.lm_comparison import (
+    DEMO,
+    STUDIES,
+    evaluate_all,
+    parameter_counts,
+    prepare_data,
+    rel_path,
+    train_all,
+    write_readme,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--demo", action="store_true", help="the small version: python-stdlib, 1 seed, RegularGPT + ALiBi "
+                                                       "+ KERPLE-log + NoPE, 200 steps, up to 16× (out results/demo/lm)")
+    p.add_argument("--study", choices=sorted(STUDIES), default="v1",
+                   help="which study: v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2: 1.2M tokens per run, "
+                        "the RegularGPT knob ablation, depth policies) or v2-t256 (results/lm_cpu_v2_t256: RegularGPT "
+                        "C8 vs ALiBi trained at T = 256, evaluated to 8192); default v1")
+    p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
+    p.add_argument("--steps", type=positive_int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
+    p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
+    p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite OUT/README.md from existing results")
+    args = p.parse_args(argv)
+    plan = DEMO if args.demo else STUDIES[args.study]
+    if args.out:
+        plan.out = Path(args.out).resolve()
+    if args.steps:
+        plan.steps = args.steps
+    if args.eval_tokens:
+        plan.eval_tokens = args.eval_tokens
+    command = "python " + " ".join(shlex.quote(a) for a in [rel_path(Path(sys.argv[0])), *(argv or sys.argv[1:])])
+    started = time.time()
+    print(f"comparison: {len(plan.trainings())} trainings of {plan.train_tokens:,} tokens, lengths {plan.lengths}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, out {rel_path(plan.out)}", flush=True)
+    counts = parameter_counts(plan)
+    failed: list[str] = []
+    if not args.report_only:
+        prepare_data(plan)
+
+        def evaluate_and_report() -> None:
+            evaluate_all(plan, args.memory_gb)
+            write_readme(plan, counts, command, [], started)
+
+        failed = train_all(plan, evaluate_and_report)
+        evaluate_all(plan, args.memory_gb)
+    write_readme(plan, counts, command, failed, None if args.report_only else started)
+    return 1 if failed else 0
+
+
+def console() -> NoReturn:
+    """The ``regulargpt-lm-comparison`` console script: :func:`main` under :func:`regulargpt.cli.run`."""
+    run(main)

@@ -1,0 +1,32 @@
+"""The CPU-scale length-extrapolation comparison of language models: RegularGPT against ALiBi, T5, KERPLE-log/power,
+RoPE and NoPE. :mod:`.plans` (what a study trains and scores), :mod:`.stages` (data, parameter budget, training,
+evaluation), :mod:`.report` (the study's README). The command is :mod:`regulargpt.commands.lm_comparison`
+(`python eval/lm_comparison.py`)."""
+
+from regulargpt.experiments.lm_comparison.plans import (
+    DATASETS,
+    DEMO,
+    FULL,
+    MODELS,
+    ROOT,
+    STUDIES,
+    V2,
+    V2_T256,
+    VOCAB,
+    Plan,
+    Variant,
+    rel_path,
+    train_overrides,
+)
+from regulargpt.experiments.lm_comparison.report import discussion, write_readme
+from regulargpt.experiments.lm_comparison.stages import (
+    children_cpu,
+    evaluate_all,
+    parameter_counts,
+    prepare_data,
+    train_all,
+)
+
+__all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "VOCAB", "Plan", "Variant",
+           "children_cpu", "discussion", "evaluate_all", "parameter_counts", "prepare_data", "rel_path",
+           "train_all", "train_overrides", "write_readme"]

@@ -1,0 +1,124 @@
+"""The stages of a study, each resumable: data preparation, the parameter budget, training (launch/pretrain.py per
+run, skipped when its model.pt exists) and evaluation (eval/extrapolate.py, which skips rows already scored). Each
+stage runs the checkout's own scripts in subprocesses from ``ROOT``."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from regulargpt.config import load_config
+from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_path, train_overrides
+from regulargpt.files import atomic_write_text
+from regulargpt.model import build_model
+
+__all__ = ["children_cpu", "evaluate_all", "parameter_counts", "prepare_data", "train_all"]
+
+
+def _run(cmd: list[str], log: Path | None = None) -> int:
+    """Run a command from the repository root; output to `log` (appended) or to this process's stdout."""
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    if log is None:
+        return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def prepare_data(plan: Plan) -> None:
+    for dataset in plan.datasets:
+        cmd = [sys.executable, "data_prep/prepare.py", "--source", dataset, "--out", rel_path(plan.data_root / dataset),
+               "--vocab-size", str(VOCAB), "--max-bytes", str(plan.max_bytes), "--num-proc", "1"]
+        if _run(cmd) != 0:
+            raise SystemExit(f"error: data preparation for {dataset} failed (see above)")
+
+
+def parameter_counts(plan: Plan) -> dict[str, int]:
+    """Parameters of every model; SystemExit when one is more than 10% away from RegularGPT's."""
+    counts = {}
+    for model in plan.models:
+        cfg = load_config(ROOT / "configs" / "tiny" / f"{model.config}.json",
+                          train_overrides(plan, plan.datasets[0], 0, model))
+        counts[model.name] = build_model(cfg.model).num_parameters()
+    reference = counts.get("regular_gpt", next(iter(counts.values())))
+    print("parameters (budget: RegularGPT ±10%):", flush=True)
+    for model, n in counts.items():
+        print(f"  {model:13s} {n:>10,}  ({(n / reference - 1) * 100:+.2f}%)", flush=True)
+    far = [m for m, n in counts.items() if abs(n / reference - 1) > 0.10]
+    if far:
+        raise SystemExit(f"error: {far} are more than 10% away from RegularGPT's {reference:,} parameters")
+    return counts
+
+
+def train_all(plan: Plan, after_each: Callable[[], None] | None = None) -> list[str]:
+    """Train every missing run (model.pt absent), calling `after_each` after every new run (evaluate + report, so
+    results appear as runs finish); → the runs that failed."""
+    failed = []
+    todo = plan.trainings()
+    bar = tqdm(todo, desc="training", unit="run", file=sys.stdout, mininterval=0)
+    for dataset, variant, seed in bar:
+        run_dir = plan.run_dir(dataset, variant, seed)
+        model = variant.name
+        bar.set_postfix_str(f"{dataset}/{model}-seed{seed}")
+        if (run_dir / "model.pt").is_file():
+            continue
+        cmd = [sys.executable, "launch/pretrain.py", "--config", f"configs/tiny/{variant.config}.json",
+               "--run-dir", rel_path(run_dir)]
+        for item in train_overrides(plan, dataset, seed, variant):
+            cmd += ["--set", item]
+        t0, cpu0 = time.perf_counter(), children_cpu()
+        rc = _run(cmd, log=run_dir / "train.log")
+        seconds, cpu = time.perf_counter() - t0, children_cpu() - cpu0
+        if rc != 0 or not (run_dir / "model.pt").is_file():
+            failed.append(f"{dataset}/{model}-seed{seed}")
+            tail = (run_dir / "train.log").read_text(errors="replace")[-1500:]
+            bar.write(f"training {dataset}/{model}-seed{seed} failed (exit {rc}); last lines of its train.log:\n{tail}")
+            continue
+        atomic_write_text(run_dir / "wall.json",
+                          json.dumps({"seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "command": cmd}) + "\n")
+        bar.write(f"trained {dataset}/{model}-seed{seed} in {seconds:.0f} s ({cpu:.0f} CPU s)")
+        if after_each is not None:
+            after_each()
+    return failed
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) used so far by finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _finished(plan: Plan, dataset: str, names: tuple[str, ...] | None = None,
+              policy: str | None = None, seeds: tuple[int, ...] | None = None) -> list[str]:
+    """Run directories with a model.pt, in training order; optionally only `names`, variants scored with `policy`,
+    or `seeds`."""
+    return [rel_path(plan.run_dir(d, m, s)) for d, m, s in plan.trainings()
+            if d == dataset and (names is None or m.name in names) and (policy is None or policy in m.depth_policies)
+            and (seeds is None or s in seeds) and (plan.run_dir(d, m, s) / "model.pt").is_file()]
+
+
+def evaluate_all(plan: Plan, memory_gb: float) -> None:
+    """Every finished run at every length (its own depth policy), RegularGPT runs again with each extra depth policy
+    of their variant, and the sliding-protocol check; extrapolate.py skips rows already in the results file."""
+    for dataset in plan.datasets:
+        base = [sys.executable, "eval/extrapolate.py", "--data", rel_path(plan.data_root / dataset), "--split", "test",
+                "--tokens", str(plan.eval_tokens), "--out", rel_path(plan.out / dataset), "--memory-gb", str(memory_gb),
+                "--device", "cpu", "--no-progress"]
+        lengths = ["--lengths", ",".join(map(str, plan.lengths))]
+        jobs = [(_finished(plan, dataset), lengths)]
+        jobs += [(_finished(plan, dataset, policy=p), [*lengths, "--depth-policy", p]) for p in ("train", "per_position")]
+        if plan.sliding_check:
+            jobs.append((_finished(plan, dataset, plan.sliding_check, seeds=(0,)),
+                         ["--lengths", ",".join(map(str, plan.sliding_lengths)), "--protocol", "sliding",
+                          "--stride", "32"]))
+        for runs, extra in jobs:
+            if runs and _run([*base, "--runs", *runs, *extra]) != 0:
+                raise SystemExit(f"error: evaluation on {dataset} failed (see above)")
