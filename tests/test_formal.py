@@ -380,6 +380,15 @@ def test_a_run_trained_in_slices_equals_one_run_and_the_long_run_report(tmp_path
     assert "| 2 | " in text and "| 6 | " in text and "- seed 0: step 6 of 6" in text and "- seed 1: step 6 of 6" in text
     assert out.with_suffix(".png").stat().st_size > 0
     assert cli.main([*args, "--report-only"]) == 0 and out.read_text().split("## Where")[1] == text.split("## Where")[1]
+    assert "held-out score" in text and "## Held-out score against steps" in text
+
+    pilot = tmp_path / "pilot.md"  # the same, checking the fit on every training length (1..6): a pilot
+    assert cli.main([*args[:-4], "--runs", str(tmp_path / "pilot_runs"), "--out", str(pilot), "--check-lengths",
+                     "1-6"]) == 0
+    text = pilot.read_text()
+    assert "## Fit against steps" in text and "fit (mean accuracy over the training lengths 1..6)" in text
+    run = next((tmp_path / "pilot_runs").glob("parity_check/c2/seed0_*"))
+    assert cli.main(["pilot-steps", "--runs", str(run), "--criterion", "check", "--threshold", "0"]) == 0
 
 
 def test_pilot_stable_step_and_recommended_steps() -> None:

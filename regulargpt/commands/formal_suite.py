@@ -147,13 +147,18 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     from regulargpt.evaluation.formal_long_run import curve_table, plot_curves, standing_lines
     from regulargpt.provenance import provenance
     from regulargpt.files import atomic_write_text, read_jsonl
-    from regulargpt.train.formal_trainer import SolveCheck, train_formal
+    from regulargpt.train.formal_trainer import SolveCheck, check_lengths_option, train_formal
 
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.runs, configs_dir=args.configs, tasks=[args.task], models=[args.model],
                       seeds=args.seeds, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
-    check = SolveCheck(every=args.every)
+    check = SolveCheck(every=args.every, lengths=check_lengths_option(args.check_lengths, specs[0].cfg))
+    data = specs[0].cfg.data
+    lo, hi = min(check.lengths), max(check.lengths)
+    fit = data.min_length <= lo and hi <= data.max_length  # a fit check (pilot), not a held-out one
+    measure = f"fit (mean accuracy over the training lengths {lo}..{hi})" if fit else "held-out score"
+    ylabel = f"accuracy over the training lengths ({lo}–{hi})" if fit else f"held-out accuracy (lengths {lo}–{hi})"
     command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = Path(args.out)
 
@@ -162,18 +167,19 @@ def cmd_long_run(args: argparse.Namespace) -> int:
         cfg = specs[0].cfg
         prov = provenance(command)
         title = f"{args.task}: long {args.model} runs"
-        plot_curves(curves, out.with_suffix(".png"), title)
+        plot_curves(curves, out.with_suffix(".png"), title, ylabel)
         lines = [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
                  f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
                  f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
                  f"Adam, constant lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, one length per batch from "
                  f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
                  f"{args.slice:,} (seeds in turn; the slices equal one uninterrupted run). Every {check.every} steps "
-                 f"the held-out score: mean accuracy at lengths {', '.join(map(str, check.lengths))}, "
+                 f"the {'fit' if fit else 'held-out score'}: mean accuracy at lengths {', '.join(map(str, check.lengths))}, "
                  f"{check.samples} fixed strings each (chance depends on the task: 1/{cfg.model.num_classes} for "
                  f"balanced classes). Runs in `{args.runs}` (resumable: rerun the command).", "",
-                 "## Where it stands", "", *standing_lines(curves, args.steps), "",
-                 "## Held-out score against steps", "", f"![curves]({out.with_suffix('.png').name})", "",
+                 "## Where it stands", "", *standing_lines(curves, args.steps, measure), "",
+                 f"## {'Fit' if fit else 'Held-out score'} against steps", "",
+                 f"![curves]({out.with_suffix('.png').name})", "",
                  *curve_table(curves, args.every_row)]
         atomic_write_text(out, "\n".join(lines) + "\n")
 
@@ -306,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=positive_int, default=100_000, help="target steps per seed (default 100000)")
     p.add_argument("--slice", type=positive_int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
     p.add_argument("--every", type=positive_int, default=500, help="steps between held-out checks (default 500)")
+    p.add_argument("--check-lengths", metavar="SPEC",
+                   help="lengths of the checks instead of 41, 92, …, 500, e.g. 1-40: the fit on every training "
+                        "length, for pilots (pilot-steps --criterion check reads the runs)")
     p.add_argument("--every-row", type=positive_int, default=1000, help="steps between report table rows (default 1000)")
     p.add_argument("--hours", type=non_negative_float, default=0.0, help="stop after the slice that passes this many hours "
                                                            "(default 0: run to --steps)")

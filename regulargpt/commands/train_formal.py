@@ -18,8 +18,7 @@ import torch
 
 from regulargpt.cli import non_negative_int, positive_int, run
 from regulargpt.config import ConfigError, FormalConfig, load_config
-from regulargpt.evaluation.formal_scoring import RangeEvalError, parse_lengths
-from regulargpt.train.formal_trainer import SolveCheck, formal_task, train_formal
+from regulargpt.train.formal_trainer import SolveCheck, check_lengths_option, formal_task, train_formal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-to-solve", type=positive_int, nargs="?", const=100, default=0, metavar="EVERY",
                         help="every EVERY steps (default 100) log the held-out score on lengths 41, 92, …, 500 (64 "
                              "strings each) to DIR/time_to_solve.jsonl; training is unchanged. e.g. --time-to-solve")
-    parser.add_argument("--check-lengths", default="41-500:51", metavar="SPEC",
-                        help="lengths of the --time-to-solve check (N, A-B or A-B:STEP, comma-separated; default "
-                             "41-500:51 = 41, 92, …, 500; clipped to the longer of eval.max_length and data.max_length); the "
-                             "training lengths, e.g. 1-40, make it a fit check "
-                             "for choosing step counts (eval/formal.py pilot-steps --criterion check)")
+    parser.add_argument("--check-lengths", metavar="SPEC",
+                        help="lengths of the --time-to-solve check instead of 41, 92, …, 500 (N, A-B or A-B:STEP, "
+                             "comma-separated, clipped to the longer of eval.max_length and data.max_length); the "
+                             "training lengths, e.g. 1-40, make it a fit check for choosing step counts "
+                             "(eval/formal.py pilot-steps --criterion check)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -45,13 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
-    check = None
-    if args.time_to_solve:
-        try:
-            lengths = parse_lengths(args.check_lengths, max(cfg.eval.max_length, cfg.data.max_length))
-        except RangeEvalError as err:
-            raise RangeEvalError(f"--check-lengths: {err}") from None
-        check = SolveCheck(every=args.time_to_solve, lengths=tuple(lengths))
+    check = SolveCheck(every=args.time_to_solve, lengths=check_lengths_option(args.check_lengths, cfg)) \
+        if args.time_to_solve else None
     path = train_formal(cfg, args.run_dir, solve_check=check)
     print(f"model: {path}")
     return 0

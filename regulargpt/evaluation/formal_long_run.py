@@ -1,4 +1,5 @@
-"""The report of a long formal-language run: held-out accuracy against training steps, one curve per seed.
+"""The report of a long formal-language run: held-out accuracy (or, for a pilot, the fit on the training lengths)
+against training steps, one curve per seed.
 
 Input: per seed, the rows of the run's ``time_to_solve.jsonl`` ({"step", "seconds", "cpu_seconds", "score"}, one
 per check; written by :class:`~regulargpt.train.formal_trainer.SolveCheck` without changing training). Output:
@@ -32,8 +33,9 @@ def curve_table(curves: dict[int, list[dict[str, Any]]], every_row: int) -> list
     return lines
 
 
-def standing_lines(curves: dict[int, list[dict[str, Any]]], target: int) -> list[str]:
-    """Per seed: steps trained of `target`, the latest and the best held-out score, training time so far."""
+def standing_lines(curves: dict[int, list[dict[str, Any]]], target: int, measure: str = "held-out score") -> list[str]:
+    """Per seed: steps trained of `target`, the latest and the best score (`measure` names it: the held-out score,
+    or the fit on the training lengths of a pilot), training time so far."""
     lines = []
     for seed in sorted(curves):
         rows = curves[seed]
@@ -42,14 +44,15 @@ def standing_lines(curves: dict[int, list[dict[str, Any]]], target: int) -> list
             continue
         best = max(rows, key=lambda r: r["score"])
         last = rows[-1]
-        lines.append(f"- seed {seed}: step {last['step']:,} of {target:,}; held-out score {last['score']:.3f} now, "
+        lines.append(f"- seed {seed}: step {last['step']:,} of {target:,}; {measure} {last['score']:.3f} now, "
                      f"best {best['score']:.3f} (step {best['step']:,}); {last['seconds'] / 60:.1f} min of training "
                      f"(wall, checks excluded)")
     return lines
 
 
-def plot_curves(curves: dict[int, list[dict[str, Any]]], path: Path, title: str) -> None:
-    """Held-out score against steps, one line per seed, chance and 0.99 marked; written atomically as PNG."""
+def plot_curves(curves: dict[int, list[dict[str, Any]]], path: Path, title: str,
+                ylabel: str = "held-out accuracy (lengths 41–500)") -> None:
+    """The checked score against steps, one line per seed, 0.99 marked; written atomically as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,7 +64,7 @@ def plot_curves(curves: dict[int, list[dict[str, Any]]], path: Path, title: str)
         ax.plot([r["step"] for r in rows], [r["score"] for r in rows], marker=".", label=f"seed {seed}")
     ax.axhline(0.99, color="grey", linestyle="--", linewidth=0.8, label="0.99")
     ax.set_xlabel("training step")
-    ax.set_ylabel("held-out accuracy (lengths 41–500)")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.legend(loc="lower right")

@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved, save_config
-from regulargpt.evaluation.formal_scoring import held_out_score
+from regulargpt.evaluation.formal_scoring import RangeEvalError, held_out_score, parse_lengths
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.run_directory.layout import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
@@ -65,7 +65,7 @@ from regulargpt.run_directory import (
     truncate_after,
 )
 
-__all__ = ["SolveCheck", "formal_task", "seed_stream", "train_formal"]
+__all__ = ["SolveCheck", "check_lengths_option", "formal_task", "seed_stream", "train_formal"]
 
 _CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")  # + cpu_seconds (optional)
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
@@ -97,6 +97,18 @@ class SolveCheck:
         if self.every < 1 or self.samples < 1 or not self.lengths or min(self.lengths) < 1:
             raise ConfigError(f"time-to-solve check: every={self.every}, samples={self.samples}, lengths "
                               f"{list(self.lengths)[:3]}…: expected every >= 1, samples >= 1, lengths >= 1")
+
+
+def check_lengths_option(spec: str | None, cfg: FormalConfig) -> tuple[int, ...]:
+    """The lengths of a ``--check-lengths SPEC`` flag (:func:`~regulargpt.evaluation.formal_scoring.parse_lengths`,
+    clipped to the longer of eval.max_length and data.max_length); without one, :class:`SolveCheck`'s held-out
+    default. A bad spec is a RangeEvalError naming the flag."""
+    if spec is None:
+        return SolveCheck.lengths
+    try:
+        return tuple(parse_lengths(spec, max(cfg.eval.max_length, cfg.data.max_length)))
+    except RangeEvalError as err:
+        raise RangeEvalError(f"--check-lengths: {err}") from None
 
 
 def seed_stream(seed: int, stream: int) -> int:
