@@ -258,7 +258,8 @@ def train_formal(
                     handle.write(json.dumps(row) + "\n")
                 if solved is None and score >= solve_check.threshold:
                     solved = row
-                    bar.write(f"solved: held-out score {score:.3f} at step {step} after {seconds:.1f} s of training")
+                    bar.write(f"solved: check score {score:.3f} (lengths {solve_check.span[0]}..{solve_check.span[1]}) "
+                              f"at step {step} after {seconds:.1f} s of training")
             if (tc.save_every and step % tc.save_every == 0) or step == end:
                 checkpoint()
     bar.close()
