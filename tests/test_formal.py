@@ -400,6 +400,10 @@ def test_pilot_stable_step_and_recommended_steps() -> None:
     assert stable_step([*rows, {"step": 300, "acc": 0.5}]) is None  # did not fit by the end
     assert stable_step(list(reversed(rows))) == 200  # order of the log lines does not matter
     assert recommended_steps(1100) == 1800 and recommended_steps(1250) == 2000
+    from regulargpt.evaluation.formal_pilots import task_steps
+
+    assert task_steps([1900, 2900, 2400]) == 4700  # the slowest seed (2,900) decides: ceil(1.6 x 2900 / 100) x 100
+    assert task_steps([1900, None]) is None and task_steps([]) is None
 
 
 def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(tmp_path: Path) -> None:
@@ -423,6 +427,7 @@ def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_r
     assert formal_suite.main(["pilot-steps", "--runs", str(fit_dir), "--criterion", "check", "--threshold", "0",
                               "--out", str(out)]) == 0
     assert "| fit | parity_check | 6 | 2 | 100 |" in out.read_text()  # threshold 0: stable from the first check
+    assert "| parity_check | 1 | 1 | 100 |" in out.read_text()  # the per-task summary
 
     assert train_cmd.main(["--config", str(config), "--run-dir", str(held_dir), "--time-to-solve", "3",
                            "--check-lengths", "7-12"]) == 0

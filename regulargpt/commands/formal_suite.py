@@ -202,19 +202,24 @@ def cmd_long_run(args: argparse.Namespace) -> int:
 
 
 def cmd_pilot_steps(args: argparse.Namespace) -> int:
-    """Per pilot run: its task, steps trained, the stable step and the recommended step count (a markdown table on
-    stdout; with --out also a file headed by the command, commit, machine and date)."""
+    """Per pilot run: its task, steps trained, the stable step and the recommended step count; then per task (over
+    its seeds): the count that lets the slowest seed fit (markdown on stdout; with --out also a file headed by the
+    command, commit, machine and date)."""
     import shlex
 
-    from regulargpt.evaluation.formal_pilots import check_rows, recommended_steps, stable_step
+    from regulargpt.evaluation.formal_pilots import check_rows, recommended_steps, stable_step, task_steps
     from regulargpt.files import atomic_write_text, read_json_object, read_jsonl
     from regulargpt.provenance import provenance
 
     lines = ["| pilot | task | steps trained | stable from step | recommended steps |", "|---|---|---:|---:|---:|"]
-    for run_dir in map(Path, args.runs):
+    dirs = [Path(r) for r in args.runs]
+    names = [d.name for d in dirs]
+    by_task: dict[str, list[tuple[int | None, int]]] = {}  # task -> (stable step, steps trained) per pilot
+    for run_dir in dirs:
+        label = run_dir.name if names.count(run_dir.name) == 1 else "/".join(run_dir.parts[-3:])
         rows = read_jsonl(run_dir / METRICS_FILE)
         if not rows:
-            lines.append(f"| {run_dir.name} | — | 0 | not started | — |")
+            lines.append(f"| {label} | — | 0 | not started | — |")
             continue
         data = read_json_object(run_dir / CONFIG_FILE)["data"]
         task = data["task"] + "".join(f" {k}={v}" for k, v in sorted(data.get("task_options", {}).items()))
@@ -228,7 +233,16 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
         stable = stable_step(rows, args.threshold)
         advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None
                   else "not stable | more than the pilot's steps")
-        lines.append(f"| {run_dir.name} | {task} | {rows[-1]['step']:,} | {advice} |")
+        lines.append(f"| {label} | {task} | {rows[-1]['step']:,} | {advice} |")
+        by_task.setdefault(task, []).append((stable, rows[-1]["step"]))
+    lines += ["", "Per task (its pilots are its seeds; the count lets the slowest one fit):", "",
+              "| task | pilots | stable | steps for every pilot to fit |", "|---|---:|---:|---|"]
+    for task, pilots in by_task.items():
+        steps = task_steps([s for s, _ in pilots], args.factor)
+        stable = sum(s is not None for s, _ in pilots)
+        verdict = (f"{steps:,}" if steps is not None else
+                   f"unknown: {len(pilots) - stable} pilot(s) not stable within {min(n for _, n in pilots):,} steps")
+        lines.append(f"| {task} | {len(pilots)} | {stable} | {verdict} |")
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))

@@ -26,7 +26,7 @@ from typing import Any
 
 from regulargpt.evaluation.formal_scoring import RangeEvalError
 
-__all__ = ["check_rows", "stable_step", "recommended_steps"]
+__all__ = ["check_rows", "stable_step", "recommended_steps", "task_steps"]
 
 
 def check_rows(rows: list[dict[str, Any]], min_length: int, max_length: int, source: str) -> list[dict[str, Any]]:
@@ -59,3 +59,15 @@ def stable_step(rows: list[dict[str, Any]], threshold: float = 0.99) -> int | No
 def recommended_steps(stable: int, factor: float = 1.6, round_to: int = 100) -> int:
     """ceil(factor × stable / round_to) × round_to, e.g. 200 → 400."""
     return math.ceil(factor * stable / round_to) * round_to
+
+
+def task_steps(stables: list[int | None], factor: float = 1.6, round_to: int = 100) -> int | None:
+    """One step count for a task from its pilots' stable steps (one per seed): the recommendation for the slowest
+    seed, so that every seed fits; None when some seed never became stable (the pilots were too short).
+
+    >>> task_steps([1900, 2900, 2400])
+    4700
+    """
+    if not stables or any(s is None for s in stables):
+        return None
+    return recommended_steps(max(s for s in stables if s is not None), factor, round_to)
