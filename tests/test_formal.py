@@ -226,6 +226,18 @@ def test_sweep_skips_finished_runs(tmp_path: Path) -> None:
     assert sorted(p.name for p in specs[0].run_dir.glob("range*.jsonl")) == ["range.jsonl", "range_p0.3.jsonl"]
     assert run_sweep(specs) == []  # everything finished: nothing runs again
 
+    # the profile's step count changes: both run folders are stale, set aside (kept) and trained again
+    (configs / "profiles" / "t.json").write_text((configs / "profiles" / "t.json").read_text().replace(
+        '"steps": 3', '"steps": 4'))
+    specs = plan_runs(load_profile("t", configs), tmp_path / "runs", configs_dir=configs)
+    again = run_sweep(specs)
+    assert [r["error"] for r in again] == ["", ""]
+    aside = sorted(p.name for p in (tmp_path / "runs" / "parity_check" / "c2").iterdir() if ".stale-" in p.name)
+    assert len(aside) == 2 and all((specs[0].run_dir.parent / name / "model.pt").is_file() for name in aside)
+    assert all(load_config_dict(json.loads((s.run_dir / "config.resolved.json").read_text()), kind=FormalConfig)
+               .train.steps == 4 for s in specs)
+    assert len(collect_runs(tmp_path / "runs", "t")[0]) == 2  # the tables skip the set-aside folders
+
 
 def test_shipped_formal_configs_match_their_tasks() -> None:
     names = sorted(p.stem for p in CONFIGS.glob("*.json") if p.stem != "base")

@@ -18,7 +18,10 @@ overrides ← ``train.seed`` and ``train.lr`` of the grid point. It lives in ``O
 (profile, grid point, eval lengths and sample count), ``range.jsonl`` (range evaluation at the training task
 options) and, for the Table 2 task, ``range_p<P>.jsonl`` (the same evaluation with the task option ``p_one = P``; the training value reuses
 ``range.jsonl``). A run is finished when ``model.pt`` exists and every evaluation file has all its lengths; finished
-runs are skipped, unfinished ones resume from their checkpoint and evaluation rows.
+runs are skipped, unfinished ones resume from their checkpoint and evaluation rows. A run folder trained with
+another recipe than the profile now plans (e.g. after a step count changed) is *stale*: the sweep renames it to
+``seed<S>_lr<LR>.stale-<its recipe id>`` (kept for inspection; the tables skip such folders) and trains the run
+again, so rerunning the sweep command after a profile change is all it takes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
+import os
 import time
 import traceback
 from dataclasses import MISSING, dataclass, field
@@ -42,6 +46,7 @@ from regulargpt.config import (
     apply_overrides,
     build_section,
     config_to_dict,
+    formal_config_from_saved,
     load_config,
     load_config_dict,
     merge_dicts,
@@ -56,6 +61,7 @@ from regulargpt.evaluation.formal_scoring import (
     read_rows,
 )
 from regulargpt.files import atomic_write_text
+from regulargpt.run_directory import saved_config
 from regulargpt.run_directory.layout import MODEL_FILE, RANGE_FILE, SWEEP_FILE
 from regulargpt.tasks import Task, make_task
 from regulargpt.train.formal_trainer import formal_task, train_formal
@@ -236,6 +242,28 @@ def eval_files(spec: RunSpec) -> dict[Path, Task]:
     return files
 
 
+STALE_MARK = ".stale-"  # a set-aside run folder: <run>.stale-<recipe id>
+
+
+def set_aside_stale(spec: RunSpec) -> Path | None:
+    """Rename ``spec.run_dir`` to ``<name>.stale-<recipe>`` when its saved config was trained with another recipe
+    than `spec` plans (``.stale-<recipe>-1``, ``-2`` if taken) → the new path; None when there is no saved config or
+    the recipe is current. E.g. a profile's Tomita 5 steps raised from 2,100 to 6,600: every Tomita 5 run folder is set
+    aside and retrained."""
+    saved = saved_config(spec.run_dir, ConfigError, read=formal_config_from_saved)
+    if saved is None:
+        return None
+    old = recipe_id(saved)
+    if old == spec.recipe:
+        return None
+    base = spec.run_dir.with_name(f"{spec.run_dir.name}{STALE_MARK}{old}")
+    target, n = base, 1
+    while target.exists():
+        target, n = base.with_name(f"{base.name}-{n}"), n + 1
+    os.replace(spec.run_dir, target)
+    return target
+
+
 def is_finished(spec: RunSpec) -> bool:
     if not (spec.run_dir / MODEL_FILE).is_file():
         return False
@@ -271,7 +299,12 @@ def _worker_init(threads: int) -> None:
 
 
 def run_sweep(specs: list[RunSpec], *, workers: int = 1, threads: int = 1) -> list[dict[str, Any]]:
-    """Run every unfinished spec (``workers`` processes of ``threads`` torch threads); one log line per run."""
+    """Run every unfinished spec (``workers`` processes of ``threads`` torch threads); one log line per run. Stale
+    run folders (another recipe) are set aside first and their runs trained again."""
+    for spec in specs:
+        aside = set_aside_stale(spec)
+        if aside is not None:
+            print(f"{spec.name}: trained with another recipe; set aside as {aside.name}, training it again", flush=True)
     todo = [spec for spec in specs if not is_finished(spec)]
     bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc="runs", dynamic_ncols=True)
     results = []

@@ -28,7 +28,7 @@ import torch
 
 from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
 from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
-from regulargpt.experiments.formal_sweep import Profile, RunSpec, recipe_id
+from regulargpt.experiments.formal_sweep import STALE_MARK, Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
 from regulargpt.run_directory import saved_config
@@ -75,6 +75,8 @@ def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun],
     finished, pending = [], []
     for sweep_file in sorted(Path(runs_dir).glob(f"*/*/*/{SWEEP_FILE}")):
         run_dir = sweep_file.parent
+        if STALE_MARK in run_dir.name:  # set aside by the sweep: trained with a recipe the profile no longer plans
+            continue
         info = read_json_object(sweep_file)
         if info["profile"] != profile:
             continue
