@@ -15,6 +15,7 @@ from regulargpt.checkpoint import save_model_file
 from regulargpt.config import ConfigError, FormalConfig, load_config_dict
 from regulargpt.evaluation.formal_scoring import parse_lengths, range_evaluate, range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, load_profile, plan_runs, run_sweep
+from regulargpt.experiments.formal_records import read_records
 from regulargpt.experiments.formal_tables import collect_runs, table1, table2, write_tables
 from regulargpt.model import build_model
 from regulargpt.tasks import make_task
@@ -130,11 +131,11 @@ def test_aggregation_on_hand_made_runs(tmp_path: Path) -> None:
 
     finished, waiting = collect_runs(runs, "quick")
     assert len(finished) == 3 and waiting == ["parity_check/lstm/seed1_lr0.01"]
-    t1 = table1(finished, ["parity_check"], ["regular_gpt_c2", "lstm"])
+    t1 = table1([r.record("test") for r in finished], ["parity_check"], ["regular_gpt_c2", "lstm"])
     assert t1["parity_check"]["regular_gpt_c2"]["max"] == pytest.approx(1.0)
     assert t1["parity_check"]["regular_gpt_c2"]["mean"] == pytest.approx(0.8)
     assert t1["parity_check"]["lstm"]["n"] == 1
-    t2 = table2(finished, "parity_check", [0.1, 0.5], ["regular_gpt_c2", "lstm"])
+    t2 = table2([r.record("test") for r in finished], "parity_check", [0.1, 0.5], ["regular_gpt_c2", "lstm"])
     assert t2["extrapolation"]["regular_gpt_c2"]["0.1"]["mean"] == pytest.approx(0.65)
     assert t2["train_lengths"]["regular_gpt_c2"]["0.1"]["max"] == pytest.approx(0.9)
     assert t2["extrapolation"]["regular_gpt_c2"]["0.5"]["max"] == pytest.approx(1.0)  # P = 0.5 is range.jsonl
@@ -157,7 +158,7 @@ def test_tables_tell_a_failure_to_fit_from_a_failure_to_extrapolate(tmp_path: Pa
     _fake_run(runs, "lstm", 0, {None: 0.5})  # does not fit: training lengths at 0.6
     _fake_run(runs, "lstm", 1, {None: 1.0})
     finished, _ = collect_runs(runs, "quick")
-    t1 = table1(finished, ["parity_check"], ["regular_gpt_c2", "lstm"])
+    t1 = table1([r.record("test") for r in finished], ["parity_check"], ["regular_gpt_c2", "lstm"])
     assert t1["parity_check"]["regular_gpt_c2"]["fits"] == [pytest.approx(1.0)]
     assert t1["parity_check"]["regular_gpt_c2"]["unfit"] == 0
     assert sorted(t1["parity_check"]["lstm"]["fits"]) == [pytest.approx(0.6), pytest.approx(1.0)]
@@ -191,8 +192,74 @@ def test_tables_say_which_planned_cells_are_still_running(tmp_path: Path) -> Non
     assert cell["recipes"] == [recipe] and cell["expected"] == 2 and cell["n"] == 1
 
 
-@pytest.mark.parametrize("table", sorted((Path(__file__).resolve().parents[1] / "results" / "formal").glob(
-    "table1_*.json")), ids=lambda p: p.name)
+def _body(markdown: str) -> str:
+    """A table's markdown below its provenance header (from the protocol lines on)."""
+    return markdown[markdown.index("\nProtocol"):]
+
+
+def test_kept_run_records_carry_runs_whose_folders_are_gone(tmp_path: Path) -> None:
+    """A table's JSON holds one record per run; aggregating again with it as `keep` and no run folders rewrites the
+    same tables; a run folder replaces its record; a record whose recipe the profile no longer plans is dropped."""
+    runs = tmp_path / "runs"
+    _fake_run(runs, "regular_gpt_c2", 0, {None: 1.0, 0.1: 0.8})
+    _fake_run(runs, "regular_gpt_c2", 1, {None: 0.6, 0.1: 0.5})
+    _fake_run(runs, "lstm", 0, {None: 0.7, 0.1: 0.7})
+    profile = Profile(name="quick", description="", tasks=["parity_check"], models=["regular_gpt_c2", "lstm"],
+                      seeds=[0, 1], table2_task="parity_check", table2_p_one=[0.1, 0.5])
+    first, again, kept = tmp_path / "first", tmp_path / "again", tmp_path / "kept.json"
+    write_tables(runs, profile, first, command=["x"])
+    (first / "table1_quick.json").rename(kept)
+    write_tables(tmp_path / "gone", profile, again, command=["x"], keep=kept)
+    for name in ("table1_quick.md", "table2_quick.md"):
+        assert _body((again / name).read_text()) == _body((first / name).read_text())
+    assert "Carried from the kept table's run records (run folders not in --runs): 3 runs" in (
+        again / "table1_quick.md").read_text()
+    records = read_records(again / "table1_quick.json")
+    assert [(r.name, r.score) for r in records] == [("parity_check/lstm/seed0_lr0.01", pytest.approx(0.7)),
+                                                    ("parity_check/regular_gpt_c2/seed0_lr0.01", pytest.approx(1.0)),
+                                                    ("parity_check/regular_gpt_c2/seed1_lr0.01", pytest.approx(0.6))]
+    assert records[1].table2 == {"0.1": [pytest.approx(0.9), pytest.approx(0.8)],
+                                 "0.5": [pytest.approx(1.0), pytest.approx(1.0)]}
+
+    # seed 1 trained again (its folder is back, now at 1.0): the folder wins over the record
+    (tmp_path / "new").mkdir()
+    _fake_run(tmp_path / "new", "regular_gpt_c2", 1, {None: 1.0, 0.1: 1.0})
+    write_tables(tmp_path / "new", profile, again, command=["x"], keep=kept)
+    cell = json.loads((again / "table1_quick.json").read_text())["table"]["parity_check"]["regular_gpt_c2"]
+    assert cell["mean"] == pytest.approx(1.0) and cell["n"] == 2
+
+    # the profile now plans another recipe for the lstm: its record is not counted, and the table says why
+    specs = [SimpleNamespace(task_id="parity_check", model=m, recipe=records[1].recipe if m != "lstm" else "new")
+             for m in profile.models for _ in (0, 1)]
+    write_tables(tmp_path / "gone", profile, again, specs=specs, command=["x"], keep=kept)  # type: ignore[arg-type]
+    text = (again / "table1_quick.md").read_text()
+    assert "parity_check/lstm/seed0_lr0.01 (stale" in text and "pending (0 of 2)" in text
+
+
+def test_a_table_without_run_records_cannot_be_kept(tmp_path: Path) -> None:
+    (tmp_path / "old.json").write_text(json.dumps({"table": {}}))
+    with pytest.raises(ConfigError, match="old.json: holds no 'runs'"):
+        read_records(tmp_path / "old.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"runs": [{"task_id": "parity_check"}]}))
+    with pytest.raises(ConfigError, match=r"bad.json: runs\[0\]: run record keys missing \['model'"):
+        read_records(tmp_path / "bad.json")
+
+
+COMMITTED_TABLES = sorted((Path(__file__).resolve().parents[1] / "results" / "formal").glob("table1_*.json"))
+
+
+@pytest.mark.parametrize("table", COMMITTED_TABLES, ids=lambda p: p.name)
+def test_committed_tables_are_what_their_run_records_render(table: Path, tmp_path: Path) -> None:
+    """The committed markdown of Tables 1 and 2 is what the code on main renders from the committed run records."""
+    profile = load_profile(json.loads(table.read_text())["profile"], CONFIGS)
+    write_tables(tmp_path / "no-runs", profile, tmp_path, specs=plan_runs(profile, "unused", configs_dir=CONFIGS),
+                 command=["x"], keep=table)
+    for name in (table.name, table.name.replace("table1_", "table2_")):
+        committed = table.with_name(name).with_suffix(".md").read_text()
+        assert _body((tmp_path / name).with_suffix(".md").read_text()) == _body(committed), name
+
+
+@pytest.mark.parametrize("table", COMMITTED_TABLES, ids=lambda p: p.name)
 def test_committed_tables_match_what_their_profile_runs(table: Path) -> None:
     """A committed Table 1 was made with the recipes its profile plans today; a change to a config, a profile or
     an init default that changes what a run trains makes this fail until the table is regenerated."""

@@ -10,7 +10,8 @@ Subcommands (each resumable; rerun the same command to continue)::
     python eval/formal.py sweep --profile quick --out results/formal/runs
     python eval/formal.py sweep --profile paper --tasks parity_check --models regular_gpt_c2 --seeds 0 1 --lrs 3e-4
 
-    # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs
+    # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs; runs whose
+    # folders are not under --runs are carried from the run records of the table being replaced (--fresh: not)
     python eval/formal.py aggregate --runs results/formal/runs --profile quick
 
     # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
@@ -36,7 +37,7 @@ import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import fraction, non_negative_float, non_negative_int, positive_float, positive_int, run
-from regulargpt.config import FormalConfig
+from regulargpt.config import ConfigError, FormalConfig
 from regulargpt.evaluation.formal_scoring import (
     RangeEvalError,
     check_lengths,
@@ -88,7 +89,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.runs, configs_dir=args.configs)
-    paths = write_tables(args.runs, profile, args.out_dir, specs=specs,
+    keep: Path | None = Path(args.keep or Path(args.out_dir) / f"table1_{profile.name}.json")
+    if args.fresh or not keep.is_file():
+        if args.keep and not args.fresh:
+            raise ConfigError(f"--keep {args.keep}: no such table JSON")
+        keep = None
+    paths = write_tables(args.runs, profile, args.out_dir, specs=specs, keep=keep,
                          command=["python", "eval/formal.py", *sys.argv[1:]])
     print("\n".join(str(p) for p in paths))
     return 0
@@ -293,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", required=True, help="profile whose runs are tabulated, e.g. quick")
     p.add_argument("--out-dir", default="results/formal", help="where the tables go (default results/formal)")
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.add_argument("--keep", help="table1 JSON whose run records are carried for runs not under --runs, while the "
+                                  "profile plans their recipe (default: OUT_DIR/table1_<profile>.json if it exists)")
+    p.add_argument("--fresh", action="store_true", help="carry nothing: tabulate only the runs under --runs")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("time-to-solve", help="training seconds until the held-out score first reaches 0.99")

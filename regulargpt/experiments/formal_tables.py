@@ -12,7 +12,9 @@ and a fit table follows each section (Deletang et al. make the same distinction)
 
 Every report starts with the command, git commit, machine, date, and the exact length ranges and sample counts,
 all read from the runs; no number is typed by hand. Only runs of the requested profile whose ``model.pt`` and
-evaluation files are complete count; the others are listed as pending.
+evaluation files are complete count; the others are listed as pending. The tables are computed from one
+:class:`~regulargpt.experiments.formal_records.RunRecord` per run, kept in the table's JSON, so a later aggregation
+carries runs whose folders are gone (``keep``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
 from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
+from regulargpt.experiments.formal_records import RunRecord, dump_records, read_records
 from regulargpt.experiments.formal_sweep import STALE_MARK, Profile, RunSpec, recipe_id
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
@@ -68,6 +71,25 @@ class FinishedRun:
             return range_score(self.evals[None], self.cfg.data.min_length, self.cfg.data.max_length)
         except RangeEvalError:
             return None
+
+    def record(self, commit: str) -> RunRecord:
+        """What the tables need from this run (:class:`RunRecord`), first read from its folder at `commit`."""
+        data, ev = self.cfg.data, self.cfg.eval
+        scored = [t for t in self.eval_lengths if ev.score_min_length <= t <= ev.max_length]
+        protocol = {"train_lengths": f"{data.min_length}..{data.max_length}",
+                    "eval_lengths": f"{len(self.eval_lengths)} lengths in {min(self.eval_lengths)}.."
+                                    f"{max(self.eval_lengths)}",
+                    "score_lengths": f"{len(scored)} lengths in {ev.score_min_length}..{ev.max_length}",
+                    "samples_per_length": self.samples, "batch_size": self.cfg.train.batch_size}
+        table2 = {f"{p:g}": [range_score(rows, data.min_length, data.max_length),
+                             range_score(rows, ev.score_min_length, ev.max_length)]
+                  for p, rows in self.evals.items() if p is not None}
+        return RunRecord(
+            task_id=self.task_id, model=self.model, seed=self.seed, lr=self.lr, recipe=self.recipe,
+            steps=self.cfg.train.steps, d_model=self.cfg.model.d_model, parameters=self.parameters,
+            train_seconds=float(self.meta.get("train_seconds", float("nan"))), score=self.score, fit=self.fit,
+            trained_p_one=float(data.task_options.get("p_one", 0.5)), table2=table2, protocol=protocol,
+            commit=commit)
 
 
 def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun], list[str]]:
@@ -114,7 +136,7 @@ def _ordered(values: list[str], preferred: list[str]) -> list[str]:
     return [v for v in preferred if v in values] + sorted(set(values) - set(preferred))
 
 
-def table1(runs: list[FinishedRun], tasks: list[str], models: list[str],
+def table1(runs: list[RunRecord], tasks: list[str], models: list[str],
            expected: dict[tuple[str, str], int] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """{task: {model: {"max", "mean", "n", "scores", "recipes", "expected", "fits", "unfit"}}} over the finished
     runs of each (task, model); `fits` holds each run's fit (None: not evaluated on training lengths), `unfit` how
@@ -136,53 +158,51 @@ def table1(runs: list[FinishedRun], tasks: list[str], models: list[str],
     return out
 
 
-def table2(runs: list[FinishedRun], task: str, p_values: list[float], models: list[str]) -> dict[str, Any]:
+def table2(runs: list[RunRecord], task: str, p_values: list[float], models: list[str]) -> dict[str, Any]:
     """{"train_lengths"|"extrapolation": {model: {P(1): cell}}} for the runs of `task` trained at P(1) = 0.5."""
-    runs = [r for r in runs if r.task_id == task and r.cfg.data.task_options.get("p_one", 0.5) == 0.5]
+    runs = [r for r in runs if r.task_id == task and r.trained_p_one == 0.5]
     out: dict[str, Any] = {"train_lengths": {}, "extrapolation": {}}
     for model in _ordered([r.model for r in runs], models):
         mine = [r for r in runs if r.model == model]
-        for p in p_values:
-            for key, lo_hi in (("train_lengths", lambda c: (c.data.min_length, c.data.max_length)),
-                               ("extrapolation", lambda c: (c.eval.score_min_length, c.eval.max_length))):
-                scores = [range_score(r.evals[p], *lo_hi(r.cfg)) for r in mine if p in r.evals]
+        for p in (f"{p:g}" for p in p_values):
+            for i, key in enumerate(("train_lengths", "extrapolation")):
+                scores = [r.table2[p][i] for r in mine if p in r.table2]
                 if scores:
-                    out[key].setdefault(model, {})[f"{p:g}"] = _cell(scores)
+                    out[key].setdefault(model, {})[p] = _cell(scores)
     return out
 
 
-def _protocol(runs: list[FinishedRun]) -> dict[str, Any]:
+def _protocol(runs: list[RunRecord]) -> dict[str, Any]:
     """Length ranges and sample counts actually used, per task (read from the runs)."""
     out: dict[str, Any] = {}
     for r in runs:
-        ev, data = r.cfg.eval, r.cfg.data
-        scored = [t for t in r.eval_lengths if ev.score_min_length <= t <= ev.max_length]
-        entry = {"train_lengths": f"{data.min_length}..{data.max_length}",
-                 "eval_lengths": f"{len(r.eval_lengths)} lengths in {min(r.eval_lengths)}..{max(r.eval_lengths)}",
-                 "score_lengths": f"{len(scored)} lengths in {ev.score_min_length}..{ev.max_length}",
-                 "samples_per_length": r.samples, "batch_size": r.cfg.train.batch_size}
         out.setdefault(r.task_id, [])
-        if entry not in out[r.task_id]:
-            out[r.task_id].append(entry)
+        if r.protocol not in out[r.task_id]:
+            out[r.task_id].append(r.protocol)
     return out
 
 
-def _settings(runs: list[FinishedRun]) -> list[dict[str, Any]]:
+def _settings(runs: list[RunRecord]) -> list[dict[str, Any]]:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for r in runs:
         row = rows.setdefault((r.task_id, r.model), {
-            "task": r.task_id, "model": r.model, "steps": r.cfg.train.steps, "lrs": set(), "seeds": set(),
-            "d_model": r.cfg.model.d_model, "parameters": r.parameters, "train_seconds": []})
+            "task": r.task_id, "model": r.model, "steps": r.steps, "lrs": set(), "seeds": set(),
+            "d_model": r.d_model, "parameters": r.parameters, "train_seconds": []})
         row["lrs"].add(r.lr)
         row["seeds"].add(r.seed)
-        row["train_seconds"].append(r.meta.get("train_seconds", float("nan")))
+        row["train_seconds"].append(r.train_seconds)
     return [{**row, "lrs": sorted(row["lrs"]), "seeds": sorted(row["seeds"]),
              "train_seconds": float(np.mean(row["train_seconds"]))} for row in rows.values()]
 
 
-def _header(title: str, prov: dict[str, str], profile: str, pending: list[str]) -> list[str]:
+def _header(title: str, prov: dict[str, str], profile: str, pending: list[str],
+            carried: list[RunRecord] = ()) -> list[str]:
     lines = [f"# {title} — profile `{profile}`", "", f"- Command: `{prov['command']}`", f"- Commit: {prov['commit']}",
              f"- Machine: {prov['machine']}", f"- Date: {prov['date']}"]
+    if carried:
+        commits = sorted({r.commit for r in carried})
+        lines.append(f"- Carried from the kept table's run records (run folders not in --runs): {len(carried)} runs, "
+                     f"first aggregated at {', '.join(commits)}")
     if pending:
         lines.append(f"- Pending (not counted): {len(pending)} runs: " + ", ".join(pending))
     return lines + [""]
@@ -221,30 +241,38 @@ def _protocol_lines(proto: dict[str, Any]) -> list[str]:
 
 
 def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *, specs: list[RunSpec] | None = None,
-                 command: list[str] | None = None) -> list[Path]:
+                 command: list[str] | None = None, keep: str | Path | None = None) -> list[Path]:
     """Write table1_<profile>.md/.json and table2_<profile>.md/.json; returns the paths written.
 
     `specs` (the profile's planned runs) make every planned cell appear, with how many of its runs are finished;
-    only finished runs whose recipe is one the profile plans are counted (others are listed as stale)."""
+    only finished runs whose recipe is one the profile plans are counted (others are listed as stale). `keep` (a
+    table1 JSON written earlier) adds its run records (:mod:`~regulargpt.experiments.formal_records`) for the runs
+    `runs_dir` does not hold; a run folder found there replaces its record."""
     profile_name, tasks, models = profile.name, profile.tasks, profile.models
     table2_task, table2_p_one = profile.table2_task, profile.table2_p_one
-    runs, pending = collect_runs(runs_dir, profile_name)
+    prov = provenance(" ".join(command or sys.argv))
+    found, pending = collect_runs(runs_dir, profile_name)
+    runs = [r.record(prov["commit"]) for r in found]
+    fresh = {r.name for r in runs}
+    carried = [r for r in (read_records(keep) if keep is not None else []) if r.name not in fresh]
+    runs += carried
+    pending = [name for name in pending if name not in {r.name for r in carried}]
     expected: dict[tuple[str, str], int] = {}
     planned: dict[tuple[str, str], set[str]] = {}
     for spec in specs or []:
         expected[(spec.task_id, spec.model)] = expected.get((spec.task_id, spec.model), 0) + 1
         planned.setdefault((spec.task_id, spec.model), set()).add(spec.recipe)
     stale = [r for r in runs if specs is not None and r.recipe not in planned.get((r.task_id, r.model), set())]
-    runs = [r for r in runs if all(r is not x for x in stale)]
-    pending += [f"{r.task_id}/{r.model}/seed{r.seed}_lr{r.lr:g} (stale: trained with another recipe)" for r in stale]
-    prov = provenance(" ".join(command or sys.argv))
+    runs = sorted((r for r in runs if all(r is not x for x in stale)), key=lambda r: r.name)
+    carried = [r for r in carried if r in runs]
+    pending += [f"{r.name} (stale: trained with another recipe)" for r in stale]
     out_dir = Path(out_dir)
     t1, proto, settings = table1(runs, tasks, models, expected), _protocol(runs), _settings(runs)
     task_order = _ordered([s["task"] for s in settings], tasks)
     model_order = _ordered([s["model"] for s in settings], models)
     settings.sort(key=lambda s: (task_order.index(s["task"]), model_order.index(s["model"])))
     cols = _ordered(sorted({m for row in t1.values() for m in row}), models)
-    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending)
+    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried)
     md += _protocol_lines(proto)
     md += ["Cells: max / mean over seeds × learning rates of the score (number of finished runs; a cell whose "
            "runs are not all finished says how many of the planned runs it holds). † = at least one of the cell's "
@@ -275,13 +303,14 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     written = []
     stem = out_dir / f"table1_{profile_name}"
     payload = {"provenance": prov, "profile": profile_name, "protocol": proto, "pending": pending,
-               "settings": settings, "sections": profile.sections, "table": t1}
+               "settings": settings, "sections": profile.sections, "table": t1, "runs": dump_records(runs)}
     written += _write(stem, "\n".join(md) + "\n", payload)
 
     t2 = table2(runs, table2_task, table2_p_one, models)
     ps = [f"{p:g}" for p in table2_p_one]
     md = _header(f"Table 2: {table2_task} trained at P(1) = 0.5, evaluated at other P(1)", prov, profile_name,
-                 [p for p in pending if p.startswith(f"{table2_task}/")])
+                 [p for p in pending if p.startswith(f"{table2_task}/")],
+                 [r for r in carried if r.task_id == table2_task])
     md += _protocol_lines({k: v for k, v in proto.items() if k == table2_task})
     md += ["Cells: max / mean over seeds × learning rates of the mean accuracy over the lengths named "
            "(number of runs)."]
