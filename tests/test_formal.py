@@ -481,8 +481,12 @@ def test_pilot_stable_step_and_recommended_steps() -> None:
     assert recommended_steps(1100) == 1800 and recommended_steps(1250) == 2000
     from regulargpt.evaluation.formal_pilots import task_steps
 
-    assert task_steps([1900, 2900, 2400]) == 4700  # the slowest seed (2,900) decides: ceil(1.6 x 2900 / 100) x 100
-    assert task_steps([1900, None]) is None and task_steps([]) is None
+    # the slowest seed (2,900) decides: ceil(1.6 x 2900 / 100) x 100
+    assert task_steps([(1900, 3000), (2900, 3000), (2400, 3000)]) == 4700
+    # a seed that never fit gets at least its pilot's 6,000 steps; the stable ones decide above that
+    assert task_steps([(1000, 6000), (None, 6000)]) == 6000
+    assert task_steps([(4500, 6000), (None, 6000), (5600, 6000)]) == 9000
+    assert task_steps([(None, 6000)]) is None and task_steps([]) is None
 
 
 def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(tmp_path: Path) -> None:

@@ -241,14 +241,15 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
                   else "not stable | more than the pilot's steps")
         lines.append(f"| {label} | {task} | {rows[-1]['step']:,} | {advice} |")
         by_task.setdefault(task, []).append((stable, rows[-1]["step"]))
-    lines += ["", "Per task (its pilots are its seeds; the count lets the slowest one fit):", "",
-              "| task | pilots | stable | steps for every pilot to fit |", "|---|---:|---:|---|"]
+    lines += ["", "Per task (its pilots are its seeds): the count that lets the slowest stable seed fit; a seed that "
+              "never fit gets at least its pilot's length (formal_pilots.task_steps).", "",
+              "| task | pilots | stable | steps |", "|---|---:|---:|---|"]
     for task, pilots in by_task.items():
-        steps = task_steps([s for s, _ in pilots], args.factor)
-        stable = sum(s is not None for s, _ in pilots)
-        verdict = (f"{steps:,}" if steps is not None else
-                   f"unknown: {len(pilots) - stable} pilot(s) not stable within {min(n for _, n in pilots):,} steps")
-        lines.append(f"| {task} | {len(pilots)} | {stable} | {verdict} |")
+        steps = task_steps(pilots, args.factor)
+        unstable = [n for s, n in pilots if s is None]
+        verdict = (f"unknown: no pilot stable within {max(unstable):,} steps" if steps is None else f"{steps:,}" + (
+            f" ({len(unstable)} of {len(pilots)} never fit in {max(unstable):,} steps)" if unstable else ""))
+        lines.append(f"| {task} | {len(pilots)} | {len(pilots) - len(unstable)} | {verdict} |")
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))

@@ -61,13 +61,23 @@ def recommended_steps(stable: int, factor: float = 1.6, round_to: int = 100) -> 
     return math.ceil(factor * stable / round_to) * round_to
 
 
-def task_steps(stables: list[int | None], factor: float = 1.6, round_to: int = 100) -> int | None:
-    """One step count for a task from its pilots' stable steps (one per seed): the recommendation for the slowest
-    seed, so that every seed fits; None when some seed never became stable (the pilots were too short).
+def task_steps(pilots: list[tuple[int | None, int]], factor: float = 1.6, round_to: int = 100) -> int | None:
+    """One step count for a task from its pilots, one (stable step, steps trained) pair per seed: the
+    recommendation for the slowest seed that became stable, so that every such seed fits. A seed that never became
+    stable gets at least its pilot's length (which did not fit it: its cell will stay †, and longer pilots showed
+    no sign of helping it). None when no pilot became stable.
 
-    >>> task_steps([1900, 2900, 2400])
+    >>> task_steps([(1900, 6000), (2900, 6000), (2400, 6000)])
     4700
+    >>> task_steps([(4500, 6000), (None, 6000), (5600, 6000)])  # 1.6 x 5,600 = 8,960 -> 9,000 >= 6,000
+    9000
+    >>> task_steps([(1000, 6000), (None, 6000)])  # 1,600 is below the pilot that did not fit the second seed
+    6000
     """
-    if not stables or any(s is None for s in stables):
+    stables = [s for s, _ in pilots if s is not None]
+    if not stables:
         return None
-    return recommended_steps(max(s for s in stables if s is not None), factor, round_to)
+    steps = recommended_steps(max(stables), factor, round_to)
+    if len(stables) < len(pilots):
+        steps = max(steps, max(n for s, n in pilots if s is None))
+    return steps
