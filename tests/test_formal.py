@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from helpers import formal_losses as losses
 
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import ConfigError, FormalConfig, load_config_dict
-from regulargpt.evaluation.formal_scoring import parse_lengths, range_evaluate, range_score, read_rows
+from regulargpt.evaluation.formal_scoring import RangeEvalError, parse_lengths, range_evaluate, range_score, read_rows
 from regulargpt.experiments.formal_sweep import Profile, load_profile, plan_runs, run_sweep
 from regulargpt.experiments.formal_records import read_records
 from regulargpt.experiments.formal_tables import collect_runs, table1, table2, write_tables
@@ -77,7 +78,9 @@ def test_range_evaluation_is_in_eval_mode_and_resumable(tmp_path: Path) -> None:
     task = make_task("parity_check")
     first = range_evaluate(model.train(), task, [1, 5, 9], 32, tmp_path / "a.jsonl", batch_tokens=40, progress=False)
     assert modes and not any(modes)
-    assert first == range_evaluate(model, task, [1, 5, 9], 32, tmp_path / "b.jsonl", progress=False)
+    second = range_evaluate(model, task, [1, 5, 9], 32, tmp_path / "b.jsonl", progress=False)
+    # other sub-batches (batch_tokens): the same accuracies; the loss up to float summation order
+    assert {t: {**row, "loss": pytest.approx(row["loss"], rel=1e-5)} for t, row in first.items()} == second
     assert [row["n"] for row in first.values()] == [32, 32, 32]
     calls = len(modes)
     range_evaluate(model, task, [1, 5, 9, 11], 32, tmp_path / "b.jsonl", progress=False)  # only length 11 is new
@@ -98,15 +101,17 @@ def test_score_averages_exactly_lengths_41_to_max(tmp_path: Path) -> None:
         range_score({t: rows[t] for t in range(1, 41)}, 41, 60)
 
 
-def _fake_run(runs: Path, model: str, seed: int, accuracy: dict[float | None, float]) -> None:
-    """A finished run folder with constant per-length accuracies (None = range.jsonl, else range_p<P>.jsonl)."""
+def _fake_run(runs: Path, model: str, seed: int, accuracy: dict[float | None, float], lr: float = 0.01,
+              loss: float | None = None) -> None:
+    """A finished run folder with constant per-length accuracies (None = range.jsonl, else range_p<P>.jsonl), and
+    with `loss` a constant per-length loss in range.jsonl."""
     cfg = tiny_cfg()
-    run = runs / "parity_check" / model / f"seed{seed}_lr0.01"
+    run = runs / "parity_check" / model / f"seed{seed}_lr{lr:g}"
     run.mkdir(parents=True)
     lengths = [1, 6, 7, 12]
     p_values = [p for p in accuracy if p is not None]
     (run / "sweep.json").write_text(json.dumps({"profile": "quick", "task_id": "parity_check", "model": model,
-                                                "seed": seed, "lr": 0.01, "eval_lengths": lengths,
+                                                "seed": seed, "lr": lr, "eval_lengths": lengths,
                                                 "samples_per_length": 16, "table2_p_one": [*p_values, 0.5]}))
     (run / "config.resolved.json").write_text(json.dumps({"model": vars(cfg.model), "data": vars(cfg.data),
                                                           "train": vars(cfg.train), "eval": vars(cfg.eval),
@@ -115,7 +120,8 @@ def _fake_run(runs: Path, model: str, seed: int, accuracy: dict[float | None, fl
     for p, acc in accuracy.items():
         name = "range.jsonl" if p is None else f"range_p{p:g}.jsonl"
         # lengths <= 6 (training) get acc + 0.1 (capped), lengths >= 7 (extrapolation) get acc
-        (run / name).write_text("".join(json.dumps({"length": t, "input_length": t, "n": 16,
+        graded = {} if loss is None or p is not None else {"loss": loss}
+        (run / name).write_text("".join(json.dumps({"length": t, "input_length": t, "n": 16, **graded,
                                                     "accuracy": min(1.0, acc + 0.1) if t <= 6 else acc}) + "\n"
                                         for t in lengths))
 
@@ -234,6 +240,38 @@ def test_kept_run_records_carry_runs_whose_folders_are_gone(tmp_path: Path) -> N
     write_tables(tmp_path / "gone", profile, again, specs=specs, command=["x"], keep=kept)  # type: ignore[arg-type]
     text = (again / "table1_quick.md").read_text()
     assert "parity_check/lstm/seed0_lr0.01 (stale" in text and "pending (0 of 2)" in text
+
+
+def test_range_rows_hold_the_cross_entropy(tmp_path: Path) -> None:
+    """A classifier with a zeroed output layer gives equal logits: every string's loss is ln(classes) exactly."""
+    cfg = tiny_cfg()
+    model = build_model(cfg.model)
+    head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    torch.nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        torch.nn.init.zeros_(head.bias)
+    rows = range_evaluate(model, formal_task(cfg), [3, 7], 8, tmp_path / "range.jsonl", progress=False)
+    assert [rows[t]["loss"] for t in (3, 7)] == [pytest.approx(math.log(cfg.model.num_classes))] * 2
+
+
+def test_choose_lr_reads_only_the_training_lengths_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lowest mean training-length loss wins, whatever the held-out accuracy (here the loser's is higher)."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _fake_run(runs, "regular_gpt_c2", seed, {None: 1.0}, lr=0.001, loss=0.02 + seed * 0.01)
+        _fake_run(runs, "regular_gpt_c2", seed, {None: 0.6}, lr=0.003, loss=0.01)
+    script = load_script("eval/formal.py")
+    dirs = [str(p) for p in sorted((runs / "parity_check" / "regular_gpt_c2").iterdir())]
+    assert script.main(["choose-lr", "--runs", *dirs, "--out", str(tmp_path / "lr.md")]) == 0
+    table = (tmp_path / "lr.md").read_text()
+    assert "| 0.003 | 0, 1 | 1.00e-02, 1.00e-02 | 1.00e-02 |" in table and "| **yes** |" in table
+    assert "| 0.001 | 0, 1 | 2.00e-02, 3.00e-02 | 2.50e-02 | 1.000, 1.000 |  |" in table
+    _fake_run(runs, "lstm", 0, {None: 1.0}, loss=0.1)  # another model
+    with pytest.raises(ConfigError, match="one task and model"):
+        script.main(["choose-lr", "--runs", *dirs, str(runs / "parity_check/lstm/seed0_lr0.01")])
+    _fake_run(runs, "lstm", 1, {None: 1.0})  # evaluated before rows had a loss
+    with pytest.raises(RangeEvalError, match="seed1_lr0.01/range.jsonl: no loss in its training-length rows"):
+        script.main(["choose-lr", "--runs", str(runs / "parity_check/lstm/seed1_lr0.01")])
 
 
 def test_a_table_without_run_records_cannot_be_kept(tmp_path: Path) -> None:

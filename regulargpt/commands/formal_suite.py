@@ -20,6 +20,11 @@ Subcommands (each resumable; rerun the same command to continue)::
     # step counts from pilot runs: the step from which training batches stay >= 0.99, and 1.6x it
     python eval/formal.py pilot-steps --runs /tmp/pilot/tomita_3-s0 /tmp/pilot/dyck_2-s0
 
+    # a task's learning rate from training-length validation: sweep the candidates, then the lowest mean loss
+    python eval/formal.py sweep --profile cpu --tasks even_pairs --models regular_gpt_c2 --lrs 3e-4 1e-3 3e-3 \
+        --out runs/lr_even_pairs
+    python eval/formal.py choose-lr --runs runs/lr_even_pairs/even_pairs/regular_gpt_c2/seed*
+
     # one long run per seed (Modular Arithmetic: the authors trained 1M steps), seeds in turn in slices of 1,000
     # steps, the held-out score every 500; the report is rewritten after every slice; stop any time, rerun to go on
     python eval/formal.py long-run --task modular_arithmetic_5 --steps 100000 --hours 1 \
@@ -33,11 +38,12 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+import numpy as np
 import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import fraction, non_negative_float, non_negative_int, positive_float, positive_int, run
-from regulargpt.config import ConfigError, FormalConfig
+from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
 from regulargpt.evaluation.formal_scoring import (
     RangeEvalError,
     check_lengths,
@@ -47,7 +53,8 @@ from regulargpt.evaluation.formal_scoring import (
 )
 from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
 from regulargpt.experiments.formal_tables import write_tables
-from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
+from regulargpt.run_directory import saved_config
+from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE, MODEL_FILE, RANGE_FILE, SOLVE_FILE, SWEEP_FILE
 from regulargpt.tasks import make_task
 
 
@@ -267,6 +274,52 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_choose_lr(args: argparse.Namespace) -> int:
+    """Per learning rate (over its seeds' sweep runs of one task and model): the mean cross-entropy and accuracy
+    over the training lengths from range.jsonl, and the rate with the lowest loss (formal_pilots.choose_lr)."""
+    import shlex
+
+    from regulargpt.evaluation.formal_pilots import LrCandidate, choose_lr
+    from regulargpt.evaluation.formal_scoring import read_rows
+    from regulargpt.files import atomic_write_text, read_json_object
+    from regulargpt.provenance import provenance
+
+    per_lr: dict[float, list[tuple[int, float, float]]] = {}
+    cells = set()
+    for run_dir in map(Path, args.runs):
+        info = read_json_object(run_dir / SWEEP_FILE, ConfigError, hint="choose-lr reads runs made by `sweep`")
+        cfg = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
+        if not isinstance(cfg, FormalConfig):
+            raise ConfigError(f"{run_dir / CONFIG_FILE}: missing or not a formal-language run's config")
+        lo, hi = cfg.data.min_length, cfg.data.max_length
+        rows = [row for t, row in read_rows(run_dir / RANGE_FILE).items() if lo <= t <= hi]
+        if not rows or any("loss" not in row for row in rows):
+            raise RangeEvalError(f"{run_dir / RANGE_FILE}: no loss in its training-length rows ({lo}..{hi}); they "
+                                 f"were evaluated before range rows had one: run the sweep again into a new --out")
+        cells.add((info["task_id"], info["model"]))
+        per_lr.setdefault(float(info["lr"]), []).append((int(info["seed"]), float(np.mean([r["loss"] for r in rows])),
+                                                         float(np.mean([r["accuracy"] for r in rows]))))
+    if len(cells) != 1:
+        raise ConfigError(f"choose-lr compares one task and model; --runs hold {sorted(cells)}")
+    candidates = [LrCandidate(lr, *map(tuple, zip(*sorted(runs)))) for lr, runs in sorted(per_lr.items())]
+    best = choose_lr(candidates)
+    (task, model), = cells
+    lines = [f"Task {task}, model {model}: mean over the training lengths of the fixed evaluation strings' "
+             f"cross-entropy (nats) and accuracy, per seed; the rate with the lowest mean loss is chosen.", "",
+             "| lr | seeds | loss per seed | mean loss | fit per seed | chosen |", "|---:|---|---|---:|---|---|"]
+    lines += [f"| {c.lr:g} | {', '.join(map(str, c.seeds))} | {', '.join(f'{x:.2e}' for x in c.losses)} | "
+              f"{c.loss:.2e} | {', '.join(f'{x:.3f}' for x in c.fits)} | {'**yes**' if c is best else ''} |"
+              for c in candidates]
+    print("\n".join(lines))
+    if args.out:
+        prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+        head = ["# Learning rate from training-length validation", "", f"- Command: `{prov['command']}`",
+                f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
+        atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -327,6 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--factor", type=positive_float, default=1.6, help="margin over the stable step (default 1.6)")
     p.add_argument("--out", help="also write the table with its provenance, e.g. results/formal/pilot_steps.md")
     p.set_defaults(func=cmd_pilot_steps)
+
+    p = sub.add_parser("choose-lr", help="a task's learning rate from its sweep runs' training-length loss")
+    p.add_argument("--runs", nargs="+", required=True,
+                   help="sweep run directories of one task and model at several lrs, e.g. RUNS/even_pairs/"
+                        "regular_gpt_c2/seed*_lr*")
+    p.add_argument("--out", help="markdown report")
+    p.set_defaults(func=cmd_choose_lr)
 
     p = sub.add_parser("long-run", help="one long run per seed, trained in slices; held-out score vs steps")
     p.add_argument("--task", default="modular_arithmetic_5", help="task config (default modular_arithmetic_5)")

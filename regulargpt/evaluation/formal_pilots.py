@@ -22,11 +22,14 @@ has no stable step (None): it did not fit its training lengths in the pilot's st
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from regulargpt.evaluation.formal_scoring import RangeEvalError
 
-__all__ = ["check_rows", "stable_step", "recommended_steps", "task_steps"]
+__all__ = ["LrCandidate", "check_rows", "choose_lr", "recommended_steps", "stable_step", "task_steps"]
 
 
 def check_rows(rows: list[dict[str, Any]], min_length: int, max_length: int, source: str) -> list[dict[str, Any]]:
@@ -81,3 +84,37 @@ def task_steps(pilots: list[tuple[int | None, int]], factor: float = 1.6, round_
     if len(stables) < len(pilots):
         steps = max(steps, max(n for s, n in pilots if s is None))
     return steps
+
+
+@dataclass(frozen=True)
+class LrCandidate:
+    """One learning rate's runs (one per seed) of a task and model: their mean cross-entropy and accuracy over the
+    training lengths, from the fixed evaluation strings of ``range.jsonl``."""
+
+    lr: float
+    seeds: tuple[int, ...]
+    losses: tuple[float, ...]  # per seed, mean over the training lengths
+    fits: tuple[float, ...]  # per seed, mean accuracy over the training lengths
+
+    @property
+    def loss(self) -> float:
+        return float(np.mean(self.losses))
+
+
+def choose_lr(candidates: list[LrCandidate]) -> LrCandidate:
+    """The candidate with the lowest mean (over seeds) training-length cross-entropy; ties go to the smaller rate.
+
+    Only training lengths are read, so a per-task learning rate is chosen the way the protocol allows (on
+    training-length validation), never on held-out lengths. Every candidate must hold the same seeds.
+
+    >>> choose_lr([LrCandidate(1e-3, (0, 1), (0.02, 0.01), (1.0, 1.0)),
+    ...            LrCandidate(3e-4, (0, 1), (0.004, 0.006), (1.0, 1.0))]).lr
+    0.0003
+    """
+    if not candidates:
+        raise RangeEvalError("choose_lr: no candidate learning rate")
+    seeds = {c.seeds for c in candidates}
+    if len(seeds) > 1:
+        raise RangeEvalError(f"choose_lr: the candidates hold different seeds {sorted(seeds)}; compare learning "
+                             f"rates on the same seeds")
+    return min(candidates, key=lambda c: (c.loss, c.lr))

@@ -120,21 +120,28 @@ def range_evaluate(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("a") as handle:
         for length in tqdm(todo, desc=f"range {task.name}", disable=not progress, dynamic_ncols=True):
-            correct, input_length = _correct_at(model, task, length, samples, batch_tokens)
-            row = {"length": length, "input_length": input_length, "accuracy": correct / samples, "n": samples}
+            correct, loss, input_length = _graded_at(model, task, length, samples, batch_tokens)
+            row = {"length": length, "input_length": input_length, "accuracy": correct / samples, "n": samples,
+                   "loss": loss}
             handle.write(json.dumps(row) + "\n")
             handle.flush()
     return read_rows(out_path)
 
 
-def _correct_at(model: nn.Module, task: Task, length: int, samples: int, batch_tokens: int) -> tuple[int, int]:
-    """(correctly classified strings out of `samples`, input length) at `length`, on the fixed evaluation strings."""
+def _graded_at(model: nn.Module, task: Task, length: int, samples: int,
+               batch_tokens: int) -> tuple[int, float, int]:
+    """(correctly classified strings out of `samples`, their mean cross-entropy in nats, input length) at `length`,
+    on the fixed evaluation strings."""
     seed = int(np.random.SeedSequence(EVAL_SEED, spawn_key=(length,)).generate_state(1)[0])
     generator = torch.Generator().manual_seed(seed)
     inputs, labels = task.sample(samples, length, generator)  # (N, T'), (N,)
     chunk = max(1, batch_tokens // inputs.shape[1])
-    correct = sum(int((model(x).argmax(dim=-1) == y).sum()) for x, y in zip(inputs.split(chunk), labels.split(chunk)))
-    return correct, inputs.shape[1]
+    correct, loss = 0, 0.0
+    for x, y in zip(inputs.split(chunk), labels.split(chunk)):
+        logits = model(x)  # (n, classes)
+        correct += int((logits.argmax(dim=-1) == y).sum())
+        loss += float(torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
+    return correct, loss / samples, inputs.shape[1]
 
 
 @torch.no_grad()
@@ -148,7 +155,7 @@ def held_out_score(model: nn.Module, task: Task, lengths: Iterable[int], samples
     was_training = model.training
     model.eval()
     try:
-        scores = [_correct_at(model, task, t, samples, batch_tokens)[0] / samples for t in lengths]
+        scores = [_graded_at(model, task, t, samples, batch_tokens)[0] / samples for t in lengths]
     finally:
         model.train(was_training)
     return float(np.mean(scores))
