@@ -344,6 +344,41 @@ def test_sweep_skips_finished_runs(tmp_path: Path) -> None:
     assert len(collect_runs(tmp_path / "runs", "t")[0]) == 2  # the tables skip the set-aside folders
 
 
+def test_a_second_sitting_trains_only_what_the_table_has_not_recorded(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Sweep, aggregate, lose the run folders (a new machine): the sweep skips the runs the table recorded and
+    aggregate carries them, so the next sitting trains only a newly planned seed."""
+    configs = tmp_path / "configs"
+    (configs / "models").mkdir(parents=True)
+    (configs / "profiles").mkdir()
+    (configs / "parity_check.json").write_text(json.dumps(tiny_raw(steps=2, save_every=0)))
+    (configs / "models" / "c2.json").write_text(json.dumps({"model": {"chunk_size": 2}}))
+    profile = {"name": "t", "description": "test", "tasks": ["parity_check"], "models": ["c2"], "seeds": [0],
+               "lrs": {"*/*": [0.01]}, "eval_lengths": "1-2,7-8", "table2_task": "parity_check", "table2_p_one": []}
+    (configs / "profiles" / "t.json").write_text(json.dumps(profile))
+    script = load_script("eval/formal.py")
+    runs, tables = tmp_path / "runs", tmp_path / "tables"
+    common = ["--profile", "t", "--configs", str(configs)]
+    recorded = ["--recorded", str(tables / "table1_t.json")]
+    assert script.main(["sweep", *common, "--out", str(runs)]) == 0
+    assert script.main(["aggregate", *common, "--runs", str(runs), "--out-dir", str(tables)]) == 0
+    first = (tables / "table1_t.md").read_text()
+    (runs / "parity_check").rename(tmp_path / "lost")
+    capsys.readouterr()
+    assert script.main(["sweep", *common, "--out", str(runs), *recorded]) == 0
+    assert "1 runs already recorded" in capsys.readouterr().out and not runs.joinpath("parity_check").exists()
+
+    profile["seeds"] = [0, 1]  # the next sitting plans one more seed: only it is trained
+    (configs / "profiles" / "t.json").write_text(json.dumps(profile))
+    assert script.main(["sweep", *common, "--out", str(runs), *recorded]) == 0
+    assert [p.name for p in (runs / "parity_check" / "c2").iterdir()] == ["seed1_lr0.01"]
+    assert script.main(["aggregate", *common, "--runs", str(runs), "--out-dir", str(tables)]) == 0
+    again = json.loads((tables / "table1_t.json").read_text())
+    assert [r["seed"] for r in again["runs"]] == [0, 1] and again["table"]["parity_check"]["c2"]["n"] == 2
+    assert "(1)" in first and "Carried from the kept table's run records (run folders not in --runs): 1 runs" in (
+        tables / "table1_t.md").read_text()
+
+
 def test_shipped_formal_configs_match_their_tasks() -> None:
     names = sorted(p.stem for p in CONFIGS.glob("*.json") if p.stem != "base")
     assert {"even_pairs", "parity_check", "dyck_12", "tomita_7", "modular_arithmetic_3"} <= set(names)

@@ -85,6 +85,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=args.tasks, models=args.models,
                       seeds=args.seeds, lrs=args.lrs, sets=args.set)
+    recorded = Path(args.recorded or f"results/formal/table1_{profile.name}.json")
+    if args.recorded and not recorded.is_file():
+        raise ConfigError(f"--recorded {args.recorded}: no such table JSON")
+    if recorded.is_file() and not args.retrain_recorded:
+        from regulargpt.experiments.formal_records import read_records
+
+        done = {(r.name, r.recipe) for r in read_records(recorded)}
+        skipped = [s for s in specs if (s.name, s.recipe) in done and not s.run_dir.exists()]
+        specs = [s for s in specs if all(s is not x for x in skipped)]
+        if skipped:
+            print(f"sweep {profile.name}: {len(skipped)} runs already recorded in {recorded} with the recipe the "
+                  f"profile plans are not trained again (--retrain-recorded to train them)", flush=True)
     print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
           f"thread(s))", flush=True)
     results = run_sweep(specs, workers=args.workers, threads=args.threads)
@@ -346,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=positive_int, default=1, help="parallel processes (default 1)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per process (default 1)")
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.add_argument("--recorded", help="table1 JSON whose run records count as finished runs (default: "
+                                      "results/formal/table1_<profile>.json if it exists)")
+    p.add_argument("--retrain-recorded", action="store_true", help="train recorded runs again too")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
