@@ -578,6 +578,7 @@ def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_r
                            "--check-lengths", "1-6"]) == 0
     rows = [json.loads(x) for x in (fit_dir / SOLVE_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 4, 6] and all(r["lengths"] == [1, 6, 6] for r in rows)
+    assert all(r["loss"] > 0 and math.isfinite(r["loss"]) for r in rows)  # the fit check also logs its cross-entropy
     assert check_rows(rows, 1, 6, "x") == [{"step": r["step"], "acc": r["score"]} for r in rows]
     out = tmp_path / "pilot.md"
     assert formal_suite.main(["pilot-steps", "--runs", str(fit_dir), "--criterion", "check", "--threshold", "0",

@@ -35,7 +35,7 @@ from regulargpt.errors import UserError
 from regulargpt.files import read_jsonl
 from regulargpt.tasks import Task
 
-__all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "held_out_score", "missing_lengths", "parse_lengths",
+__all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "held_out_grades", "held_out_score", "missing_lengths", "parse_lengths",
            "range_evaluate", "range_score", "read_rows"]
 
 EVAL_SEED = 1_000_003  # base seed of the evaluation strings (not a training seed: those are small integers)
@@ -145,9 +145,11 @@ def _graded_at(model: nn.Module, task: Task, length: int, samples: int,
 
 
 @torch.no_grad()
-def held_out_score(model: nn.Module, task: Task, lengths: Iterable[int], samples: int,
-                   batch_tokens: int = 16384) -> float:
-    """Mean accuracy over `lengths` on the same fixed strings as :func:`range_evaluate`, in memory (no file).
+@torch.no_grad()
+def held_out_grades(model: nn.Module, task: Task, lengths: Iterable[int], samples: int,
+                    batch_tokens: int = 16384) -> tuple[float, float]:
+    """(mean accuracy, mean cross-entropy in nats) over `lengths` on the same fixed strings as
+    :func:`range_evaluate`, in memory (no file); each length weighs the same.
 
     Leaves the model's train/eval mode and the global RNGs as they were (the time-to-solve check runs it in the
     middle of training without changing training).
@@ -155,10 +157,16 @@ def held_out_score(model: nn.Module, task: Task, lengths: Iterable[int], samples
     was_training = model.training
     model.eval()
     try:
-        scores = [_graded_at(model, task, t, samples, batch_tokens)[0] / samples for t in lengths]
+        graded = [_graded_at(model, task, t, samples, batch_tokens) for t in lengths]
     finally:
         model.train(was_training)
-    return float(np.mean(scores))
+    return float(np.mean([g[0] / samples for g in graded])), float(np.mean([g[1] for g in graded]))
+
+
+def held_out_score(model: nn.Module, task: Task, lengths: Iterable[int], samples: int,
+                   batch_tokens: int = 16384) -> float:
+    """Mean accuracy over `lengths` (:func:`held_out_grades`)."""
+    return held_out_grades(model, task, lengths, samples, batch_tokens)[0]
 
 
 def range_score(rows: dict[int, dict[str, float]], min_length: int, max_length: int) -> float:

@@ -17,8 +17,9 @@ fallback are the shared :mod:`regulargpt.run_directory`)::
     DIR/ckpt.pt                model + optimizer + step + RNG states, every train.save_every steps and at the end
     DIR/ckpt.prev.pt           the checkpoint before it (each save renames ckpt.pt to this, then writes ckpt.pt)
     DIR/model.pt               the final model (regulargpt.checkpoint format), written last
-    DIR/time_to_solve.jsonl    with a :class:`SolveCheck`: {"step", "seconds", "cpu_seconds", "score"} every `every`
-                               steps (training wall and process-CPU seconds so far, checks excluded)
+    DIR/time_to_solve.jsonl    with a :class:`SolveCheck`: {"step", "seconds", "cpu_seconds", "score", "loss",
+                               "lengths"} every `every` steps (training wall and process-CPU seconds so far, checks
+                               excluded; score and loss: mean accuracy and cross-entropy over the checked lengths)
 
 Resume is automatic: with ``DIR/ckpt.pt`` present training continues from it, metrics rows after its step are
 dropped, and the continued run is identical to an uninterrupted one (same batches, same losses, same parameters).
@@ -48,7 +49,7 @@ from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
 from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved, save_config
-from regulargpt.evaluation.formal_scoring import RangeEvalError, held_out_score, parse_lengths
+from regulargpt.evaluation.formal_scoring import RangeEvalError, held_out_grades, parse_lengths
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.run_directory.layout import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
@@ -75,8 +76,8 @@ _RESUME_FREE = ResumePolicy(sections=("logging",))  # may differ between a run a
 @dataclass(frozen=True)
 class SolveCheck:
     """Time-to-solve: every `every` steps, the held-out score (mean accuracy over `lengths`, `samples` fixed strings
-    each, :func:`~regulargpt.evaluation.formal_scoring.held_out_score`) is logged with the training seconds so far
-    (checks excluded). The first check at >= `threshold` is the time to solve. The check reads the model only:
+    each, :func:`~regulargpt.evaluation.formal_scoring.held_out_grades`) and its cross-entropy are logged with the
+    training seconds so far (checks excluded). The first check at >= `threshold` is the time to solve. The check reads the model only:
     training with and without it is identical (tested).
 
     With `lengths` inside the training range (``--check-lengths 1-40``) the same check measures the *fit*: pilot
@@ -251,9 +252,9 @@ def train_formal(
                 metrics.flush()
                 bar.set_postfix(loss=f"{loss.item():.4f}", acc=f"{acc:.3f}")
             if solve_check and step % solve_check.every == 0:
-                score = held_out_score(model, task, solve_check.lengths, solve_check.samples)
+                score, check_loss = held_out_grades(model, task, solve_check.lengths, solve_check.samples)
                 row = {"step": step, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3), "score": score,
-                       "lengths": solve_check.span}
+                       "loss": check_loss, "lengths": solve_check.span}
                 with (run_dir / SOLVE_FILE).open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 if solved is None and score >= solve_check.threshold:
