@@ -551,6 +551,13 @@ def test_pilot_stable_step_and_recommended_steps() -> None:
     assert stable_step(rows, threshold=0.96) == 100 and recommended_steps(100, factor=1.6) == 200
     assert stable_step([*rows, {"step": 300, "acc": 0.5}]) is None  # did not fit by the end
     assert stable_step(list(reversed(rows))) == 200  # order of the log lines does not matter
+    # forgiving isolated dips (the docstring's example), also at the last check; a longer dip restarts the count
+    dips = [{"step": 100 * (i + 1), "acc": a} for i, a in enumerate((0.97, 0.995, 0.97, 0.996, 0.998, 0.97))]
+    assert stable_step(dips) is None and stable_step(dips, forgive=1) == 200
+    long_dip = [*dips[:5], {"step": 600, "acc": 0.9}, {"step": 700, "acc": 0.9}, {"step": 800, "acc": 1.0}]
+    assert stable_step(long_dip, forgive=1) == 800 and stable_step(long_dip, forgive=2) == 200
+    with pytest.raises(ValueError, match="forgive"):
+        stable_step(dips, forgive=-1)
     assert recommended_steps(1100) == 1800 and recommended_steps(1250) == 2000
     from regulargpt.evaluation.formal_pilots import task_steps
 

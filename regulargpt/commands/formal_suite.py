@@ -255,7 +255,7 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
                 raise RangeEvalError(f"{source}: missing or empty; train the pilot with --time-to-solve EVERY "
                                      f"--check-lengths {data.get('min_length', 1)}-{data.get('max_length', 40)}")
             rows = fit
-        stable = stable_step(rows, args.threshold)
+        stable = stable_step(rows, args.threshold, forgive=args.forgive)
         advice = (f"{stable:,} | {recommended_steps(stable, args.factor):,}" if stable is not None
                   else "not stable | more than the pilot's steps")
         lines.append(f"| {label} | {task} | {rows[-1]['step']:,} | {advice} |")
@@ -279,6 +279,8 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
                  if args.criterion == "batches" else
                  f"*Stable from step*: the first fit check (mean accuracy over every training length, "
                  f"`--time-to-solve --check-lengths 1-40`) from which every check is >= {args.threshold}; ") +
+                (f"a dip of at most {args.forgive} consecutive values below it after that step is forgiven "
+                 f"(`--forgive {args.forgive}`); " if args.forgive else "") +
                 f"*recommended*: {args.factor:g} x that, rounded up to 100 "
                 f"(regulargpt/evaluation/formal_pilots.py). Held-out lengths never choose a step count.", ""]
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
@@ -393,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches: metrics.jsonl's logged training batches; check: time_to_solve.jsonl of a pilot "
                         "trained with --time-to-solve EVERY --check-lengths 1-40 (every training length each check)")
     p.add_argument("--factor", type=positive_float, default=1.6, help="margin over the stable step (default 1.6)")
+    p.add_argument("--forgive", type=non_negative_int, default=0,
+                   help="after the stable step, dips below the threshold of at most this many consecutive logged "
+                        "values do not restart the count (default 0: none)")
     p.add_argument("--out", help="also write the table with its provenance, e.g. results/formal/pilot_steps.md")
     p.set_defaults(func=cmd_pilot_steps)
 
