@@ -193,7 +193,7 @@ def test_tables_say_which_planned_cells_are_still_running(tmp_path: Path) -> Non
     text = (tmp_path / "table1_quick.md").read_text()
     assert "1.000 / 1.000 (1 of 2; rest pending)" in text
     assert "pending (0 of 2)" in text and "### Second" in text
-    assert "lstm/seed0_lr0.01 (stale" in text
+    assert "Stale (not counted): 1 runs trained with a recipe the profile no longer plans: parity_check 1" in text
     cell = json.loads((tmp_path / "table1_quick.json").read_text())["table"]["parity_check"]["regular_gpt_c2"]
     assert cell["recipes"] == [recipe] and cell["expected"] == 2 and cell["n"] == 1
 
@@ -239,7 +239,7 @@ def test_kept_run_records_carry_runs_whose_folders_are_gone(tmp_path: Path) -> N
              for m in profile.models for _ in (0, 1)]
     write_tables(tmp_path / "gone", profile, again, specs=specs, command=["x"], keep=kept)  # type: ignore[arg-type]
     text = (again / "table1_quick.md").read_text()
-    assert "parity_check/lstm/seed0_lr0.01 (stale" in text and "pending (0 of 2)" in text
+    assert "Stale (not counted): 1 runs" in text and "pending (0 of 2)" in text
 
 
 def test_range_rows_hold_the_cross_entropy(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE, RANGE_FILE,
 
 __all__ = ["FIT_THRESHOLD", "FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
 
+STALE_NOTE = "(stale: trained with a recipe the profile no longer plans)"
 FIT_THRESHOLD = 0.99  # a run "fits" its training lengths when its mean accuracy over them is at least this
 
 
@@ -203,6 +204,11 @@ def _header(title: str, prov: dict[str, str], profile: str, pending: list[str],
         commits = sorted({r.commit for r in carried})
         lines.append(f"- Carried from the kept table's run records (run folders not in --runs): {len(carried)} runs, "
                      f"first aggregated at {', '.join(commits)}")
+    stale = [p.split("/")[0] for p in pending if p.endswith(STALE_NOTE)]
+    if stale:
+        per_task = ", ".join(f"{task} {stale.count(task)}" for task in dict.fromkeys(stale))
+        lines.append(f"- Stale (not counted): {len(stale)} runs {STALE_NOTE[len('(stale: '):-1]}: {per_task}")
+    pending = [p for p in pending if not p.endswith(STALE_NOTE)]
     if pending:
         lines.append(f"- Pending (not counted): {len(pending)} runs: " + ", ".join(pending))
     return lines + [""]
@@ -265,7 +271,7 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     stale = [r for r in runs if specs is not None and r.recipe not in planned.get((r.task_id, r.model), set())]
     runs = sorted((r for r in runs if all(r is not x for x in stale)), key=lambda r: r.name)
     carried = [r for r in carried if r in runs]
-    pending += [f"{r.name} (stale: trained with another recipe)" for r in stale]
+    pending += [f"{r.name} {STALE_NOTE}" for r in stale]
     out_dir = Path(out_dir)
     t1, proto, settings = table1(runs, tasks, models, expected), _protocol(runs), _settings(runs)
     task_order = _ordered([s["task"] for s in settings], tasks)
