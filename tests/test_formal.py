@@ -19,6 +19,7 @@ from regulargpt.experiments.formal_sweep import Profile, load_profile, plan_runs
 from regulargpt.experiments.formal_records import read_records
 from regulargpt.experiments.formal_tables import collect_runs, table1, table2, write_tables
 from regulargpt.model import build_model
+from regulargpt.provenance import git_commit
 from regulargpt.tasks import make_task
 from regulargpt.train.formal_trainer import formal_task, train_formal
 
@@ -220,6 +221,7 @@ def test_kept_run_records_carry_runs_whose_folders_are_gone(tmp_path: Path) -> N
         assert _body((again / name).read_text()) == _body((first / name).read_text())
     assert "Carried from the kept table's run records (run folders not in --runs): 3 runs" in (
         again / "table1_quick.md").read_text()
+    assert "Runs trained by the code at: not recorded (3)" in (again / "table1_quick.md").read_text()
     records = read_records(again / "table1_quick.json")
     assert [(r.name, r.score) for r in records] == [("parity_check/lstm/seed0_lr0.01", pytest.approx(0.7)),
                                                     ("parity_check/regular_gpt_c2/seed0_lr0.01", pytest.approx(1.0)),
@@ -374,6 +376,7 @@ def test_a_second_sitting_trains_only_what_the_table_has_not_recorded(tmp_path: 
     assert [p.name for p in (runs / "parity_check" / "c2").iterdir()] == ["seed1_lr0.01"]
     assert script.main(["aggregate", *common, "--runs", str(runs), "--out-dir", str(tables)]) == 0
     again = json.loads((tables / "table1_t.json").read_text())
+    assert all(r["trained_at"] == git_commit() for r in again["runs"])  # model.pt names the code that trained it
     assert [r["seed"] for r in again["runs"]] == [0, 1] and again["table"]["parity_check"]["c2"]["n"] == 2
     assert "(1)" in first and "Carried from the kept table's run records (run folders not in --runs): 1 runs" in (
         tables / "table1_t.md").read_text()

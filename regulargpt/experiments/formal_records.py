@@ -14,12 +14,15 @@ Example record (what ``"runs"`` holds, one per run)::
      "protocol": {"train_lengths": "1..40", ...}, "commit": "e56ae0d48b8e"}
 
 ``table2`` maps each evaluated P(1) to [mean accuracy over the training lengths, over the score lengths];
-``commit`` is the commit of the aggregation that first read the run from its folder.
+``commit`` is the commit of the aggregation that first read the run from its folder; ``trained_at`` the commit of
+the code that trained it (model.pt's ``code_commit``; absent in runs trained before it was stored). The recipe hash
+covers the config only: a numerically equivalent code change can still change a run (21f8a76 moved Even Pairs
+seed 0 from 0.980 to 0.999, docs/FORMAL.md), and ``trained_at`` tells which code a record's run saw.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,7 @@ class RunRecord:
     table2: dict[str, list[float]]  # "P(1)" -> [training-length score, score-length score]
     protocol: dict[str, Any]  # length ranges, samples per length and batch size, as the table's protocol lines
     commit: str
+    trained_at: str | None = None  # model.pt's code_commit: the code that trained the run (None: not recorded)
 
     @property
     def name(self) -> str:
@@ -59,9 +63,10 @@ class RunRecord:
     def from_json(cls, raw: Any, where: str) -> RunRecord:
         """A record from its JSON object; a missing or extra key is a ConfigError naming `where` and the key."""
         names = [f.name for f in fields(cls)]
+        required = [f.name for f in fields(cls) if f.default is MISSING]
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: expected a run record (a JSON object), got {type(raw).__name__}")
-        missing, extra = [n for n in names if n not in raw], sorted(set(raw) - set(names))
+        missing, extra = [n for n in required if n not in raw], sorted(set(raw) - set(names))
         if missing or extra:
             raise ConfigError(f"{where}: run record keys missing {missing}, unknown {extra}; expected {names}")
         return cls(**raw)

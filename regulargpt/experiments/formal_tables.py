@@ -90,7 +90,7 @@ class FinishedRun:
             steps=self.cfg.train.steps, d_model=self.cfg.model.d_model, parameters=self.parameters,
             train_seconds=float(self.meta.get("train_seconds", float("nan"))), score=self.score, fit=self.fit,
             trained_p_one=float(data.task_options.get("p_one", 0.5)), table2=table2, protocol=protocol,
-            commit=commit)
+            commit=commit, trained_at=self.meta.get("code_commit"))
 
 
 def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun], list[str]]:
@@ -197,9 +197,13 @@ def _settings(runs: list[RunRecord]) -> list[dict[str, Any]]:
 
 
 def _header(title: str, prov: dict[str, str], profile: str, pending: list[str],
-            carried: list[RunRecord] = ()) -> list[str]:
+            carried: list[RunRecord] = (), records: list[RunRecord] = ()) -> list[str]:
     lines = [f"# {title} — profile `{profile}`", "", f"- Command: `{prov['command']}`", f"- Commit: {prov['commit']}",
              f"- Machine: {prov['machine']}", f"- Date: {prov['date']}"]
+    if records:
+        trained = [r.trained_at or "not recorded" for r in records]
+        lines.append("- Runs trained by the code at: " + ", ".join(f"{c} ({trained.count(c)})"
+                                                                for c in sorted(set(trained))))
     if carried:
         commits = sorted({r.commit for r in carried})
         lines.append(f"- Carried from the kept table's run records (run folders not in --runs): {len(carried)} runs, "
@@ -278,7 +282,7 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     model_order = _ordered([s["model"] for s in settings], models)
     settings.sort(key=lambda s: (task_order.index(s["task"]), model_order.index(s["model"])))
     cols = _ordered(sorted({m for row in t1.values() for m in row}), models)
-    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried)
+    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried, runs)
     md += _protocol_lines(proto)
     md += ["Cells: max / mean over seeds × learning rates of the score (number of finished runs; a cell whose "
            "runs are not all finished says how many of the planned runs it holds). † = at least one of the cell's "

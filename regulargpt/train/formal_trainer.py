@@ -52,6 +52,7 @@ from regulargpt.config import ConfigError, FormalConfig, formal_config_from_save
 from regulargpt.evaluation.formal_scoring import RangeEvalError, held_out_grades, parse_lengths
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
+from regulargpt.provenance import git_commit
 from regulargpt.run_directory.layout import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
@@ -266,8 +267,9 @@ def train_formal(
     bar.close()
     if step < tc.steps:
         return None
+    # code_commit: the code that trained the run (its last slice); the recipe hash covers the config, not the code
     meta: dict[str, Any] = {"step": step, "train_seconds": round(seconds, 3), "bad_steps": bad_steps,
-                            "task": cfg.data.task}
+                            "task": cfg.data.task, "code_commit": git_commit()}
     if solve_check:
         meta.update(solved_step=solved and solved["step"], solved_seconds=solved and solved["seconds"],
                     solved_cpu_seconds=solved and solved.get("cpu_seconds"))
