@@ -35,8 +35,10 @@ from regulargpt.errors import UserError
 from regulargpt.files import read_jsonl
 from regulargpt.tasks import Task
 
-__all__ = ["EVAL_SEED", "RangeEvalError", "check_lengths", "held_out_grades", "held_out_score", "missing_lengths", "parse_lengths",
-           "range_evaluate", "range_score", "read_rows"]
+__all__ = [
+    "EVAL_SEED", "RangeEvalError", "check_lengths", "held_out_grades", "held_out_score", "missing_lengths",
+    "parse_lengths", "range_evaluate", "range_score", "read_rows",
+]
 
 EVAL_SEED = 1_000_003  # base seed of the evaluation strings (not a training seed: those are small integers)
 

@@ -78,8 +78,8 @@ _RESUME_FREE = ResumePolicy(sections=("logging",))  # may differ between a run a
 class SolveCheck:
     """Time-to-solve: every `every` steps, the held-out score (mean accuracy over `lengths`, `samples` fixed strings
     each, :func:`~regulargpt.evaluation.formal_scoring.held_out_grades`) and its cross-entropy are logged with the
-    training seconds so far (checks excluded). The first check at >= `threshold` is the time to solve. The check reads the model only:
-    training with and without it is identical (tested).
+    training seconds so far (checks excluded). The first check at >= `threshold` is the time to solve. The check
+    reads the model only: training with and without it is identical (tested).
 
     With `lengths` inside the training range (``--check-lengths 1-40``) the same check measures the *fit*: pilot
     runs choose step counts from it (``eval/formal.py pilot-steps --criterion check``), never from held-out lengths."""
