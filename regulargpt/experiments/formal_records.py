@@ -11,7 +11,7 @@ Example record (what ``"runs"`` holds, one per run)::
     {"task_id": "parity_check", "model": "regular_gpt_c2", "seed": 1, "lr": 0.001, "recipe": "b41706626ea8",
      "steps": 1000, "d_model": 64, "parameters": 50066, "train_seconds": 31.2, "score": 1.0, "fit": 1.0,
      "trained_p_one": 0.5, "table2": {"0.1": [1.0, 1.0], "0.5": [1.0, 1.0]},
-     "protocol": {"train_lengths": "1..40", ...}, "commit": "e56ae0d48b8e"}
+     "protocol": {"train_lengths": "1..40", ...}, "commit": "93125fb6419d", "trained_at": "c9976a31d441"}
 
 ``table2`` maps each evaluated P(1) to [mean accuracy over the training lengths, over the score lengths];
 ``commit`` is the commit of the aggregation that first read the run from its folder; ``trained_at`` the commit of
