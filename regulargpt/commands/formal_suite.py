@@ -81,14 +81,28 @@ def cmd_range(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_head(title: str, prov: dict[str, str]) -> list[str]:
+    """A report's first lines: title, then the provenance stamp (command, commit, machine, date), then a blank."""
+    return [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
+            f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
+
+
+def _table_json(flag: str, given: str | None, default: Path) -> Path | None:
+    """The table JSON a flag names (an error if it does not exist), else `default` if it exists, else None."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise ConfigError(f"{flag} {given}: no such table JSON")
+        return Path(given)
+    return default if default.is_file() else None
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=args.tasks, models=args.models,
                       seeds=args.seeds, lrs=args.lrs, sets=args.set)
-    recorded = Path(args.recorded or f"results/formal/table1_{profile.name}.json")
-    if args.recorded and not recorded.is_file():
-        raise ConfigError(f"--recorded {args.recorded}: no such table JSON")
-    if recorded.is_file() and not args.retrain_recorded:
+    recorded = None if args.retrain_recorded else _table_json(
+        "--recorded", args.recorded, Path("results/formal") / f"table1_{profile.name}.json")
+    if recorded is not None:
         from regulargpt.experiments.formal_records import read_records
 
         done = {(r.name, r.recipe) for r in read_records(recorded)}
@@ -108,11 +122,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.runs, configs_dir=args.configs)
-    keep: Path | None = Path(args.keep or Path(args.out_dir) / f"table1_{profile.name}.json")
-    if args.fresh or not keep.is_file():
-        if args.keep and not args.fresh:
-            raise ConfigError(f"--keep {args.keep}: no such table JSON")
-        keep = None
+    keep = None if args.fresh else _table_json("--keep", args.keep, Path(args.out_dir) / f"table1_{profile.name}.json")
     paths = write_tables(args.runs, profile, args.out_dir, specs=specs, keep=keep,
                          command=["python", "eval/formal.py", *sys.argv[1:]])
     print("\n".join(str(p) for p in paths))
@@ -147,9 +157,7 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
         print(lines[-1], flush=True)
     command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     prov = provenance(command)
-    head = [f"# Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", "",
-            f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
-            f"- Date: {prov['date']}", "",
+    head = [*_report_head(f"Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", prov),
             f"Every {check.every} steps the held-out score (mean accuracy at lengths "
             f"{', '.join(map(str, check.lengths))}; {check.samples} fixed strings each) is measured without changing "
             f"training; *solved* = the first check at >= {check.threshold}. Training seconds (wall, and CPU of the "
@@ -193,8 +201,7 @@ def cmd_long_run(args: argparse.Namespace) -> int:
         prov = provenance(command)
         title = f"{args.task}: long {args.model} runs"
         plot_curves(curves, out.with_suffix(".png"), title, ylabel)
-        lines = [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
-                 f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+        lines = [*_report_head(title, prov),
                  f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
                  f"Adam, constant lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, one length per batch from "
                  f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
@@ -272,8 +279,7 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        head = ["# Step counts from pilot runs", "", f"- Command: `{prov['command']}`",
-                f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+        head = [*_report_head("Step counts from pilot runs", prov),
                 (f"*Stable from step*: the first logged step (every `log_every` steps, each batch one length from the "
                  f"training range) from which every logged training batch has accuracy >= {args.threshold}; "
                  if args.criterion == "batches" else
@@ -327,8 +333,7 @@ def cmd_choose_lr(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        head = ["# Learning rate from training-length validation", "", f"- Command: `{prov['command']}`",
-                f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
+        head = _report_head("Learning rate from training-length validation", prov)
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
         print(f"wrote {args.out}")
     return 0
