@@ -17,8 +17,11 @@ setup(
         "matplotlib",
         "tqdm",
         "psutil",  # training ranks watch their launcher (regulargpt/train/stopping.py)
+        "ninja",  # builds the fused C++ CPU kernel on first use (regulargpt/kernels/)
+        "safetensors",  # weights files of the Hugging Face and safetensors exports
     ],
-    extras_require={"dev": ["pytest"]},
+    # triton + numpy: the Triton kernel's tests run on CPU under TRITON_INTERPRET=1; transformers: the HF export tests
+    extras_require={"dev": ["pytest", "triton", "transformers"]},
     # The main commands; launch/*.py and eval/*.py are thin wrappers of the same `main` functions, so that
     # `deepspeed launch/pretrain.py --config …` and every documented `python …` command work from a checkout.
     entry_points={
