@@ -71,23 +71,27 @@ def test_forward_and_every_gradient_match_the_dense_reference(c: int, dilation: 
     _assert_close(got, want, 1e-5)
 
 
-def test_strided_views_of_one_packed_projection_and_expanded_pads() -> None:
-    """q, k, v are views of one (B, T, 3, H, Dh) tensor (as the fused qkv projection makes), pads expand()ed along B
-    from (1, H, Dh) with stride 0: read in place, gradients land in the packed tensor and the (1, H, Dh) pads."""
+@pytest.mark.parametrize("layout", ["packed", "heads_first"])
+def test_strided_views_and_expanded_pads(layout: str) -> None:
+    """packed: q, k, v are views of one (B, T, 3, H, Dh) tensor, as the fused qkv projection makes them;
+    heads_first: (B, H, T, Dh) tensors transposed, as `sliding_dilated_attention`'s contract hands them over. Pads
+    expand()ed along B from (1, H, Dh) with stride 0. Read in place; gradients land in the leaves."""
     b, t, h, dh, c, dilation = 2, 7, 2, 4, 3, 3
-    packed = torch.randn(b, t, 3, h, dh, device=DEVICE, requires_grad=True)
+    shape = (b, t, 3, h, dh) if layout == "packed" else (3, b, h, t, dh)
+    qkv = torch.randn(*shape, device=DEVICE, requires_grad=True)
     r = torch.randn(h, c, device=DEVICE, requires_grad=True)
     pad_k, pad_v = (torch.randn(1, h, dh, device=DEVICE, requires_grad=True) for _ in range(2))
-    leaves = [packed, r, pad_k, pad_v]
+    leaves = [qkv, r, pad_k, pad_v]
     dout = torch.randn(b, t, h, dh, device=DEVICE)
 
     def run(kernel):
-        q, k, v = packed.unbind(2)  # each (B, T, H, Dh), stride(1) = 3·H·Dh
-        return kernel(q, k, v, r, dilation, pad_k.expand(b, h, dh), pad_v.expand(b, h, dh))
+        views = qkv.unbind(2) if layout == "packed" else [x.transpose(1, 2) for x in qkv]  # each (B, T, H, Dh)
+        assert not views[0].is_contiguous()
+        return kernel(*views, r, dilation, pad_k.expand(b, h, dh), pad_v.expand(b, h, dh))
 
     got = _outputs_and_grads(lambda: run(triton_sliding_dilated_attention), leaves, dout)
     want = _outputs_and_grads(lambda: run(_reference), leaves, dout)
-    _assert_close(got, want, 1e-5, names=("out", "d packed qkv", "dr", "dpad_k (1, H, Dh)", "dpad_v (1, H, Dh)"))
+    _assert_close(got, want, 1e-5, names=("out", "d qkv", "dr", "dpad_k (1, H, Dh)", "dpad_v (1, H, Dh)"))
 
 
 def test_bf16_inputs_match_the_reference_loosely() -> None:
