@@ -21,7 +21,7 @@ The forward runs an online softmax over j (one pass, C tiles of k and v loaded o
 
 Saved for the backward: the log-sum-exp, fp32 (B, H, Tq), not the C probabilities: 4 bytes per (query, head)
 instead of 4C, and the backward recomputes s_j for free, since both backward kernels load k_j (dq, δ) or q_m (dk)
-anyway. The query kernel also writes δ (B, H, Tq); the key kernel then recomputes P[m, j] and dS[m, j] from lse_m
+anyway (chosen by this byte count; not timed, no GPU was at hand). The query kernel also writes δ (B, H, Tq); the key kernel then recomputes P[m, j] and dS[m, j] from lse_m
 and δ_m, so no (T, C) probability or dS buffer is written. No atomics: dk/dv in gather form, dr and dpad as per-block
 partial sums (B, H, blocks, C or Dh) reduced once by torch, so a rerun is bit-identical.
 
