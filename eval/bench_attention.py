@@ -17,6 +17,7 @@ peak this script measures first (`matmul_peak_gflops`: square matmuls, same thre
     python eval/bench_attention.py --out results/bench_attention.md
     python eval/bench_attention.py --lengths 512,2048 --chunks 2 --heads 8 --no-flex --out /tmp/b.md   # quick look
     python eval/bench_attention.py --device cuda --lengths 4096,16384,65536,131072 --out results/bench_attention_cuda.md
+    python eval/bench_attention.py --device cuda --kernel-algorithm triton --out /tmp/triton.md   # fused Triton kernel
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs its own checkout's code (worktrees too)
 
 from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.model.sliding_dilated import Algorithm  # noqa: E402
 from regulargpt.peak import machine_key, measure_peak, raise_peak  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
@@ -146,8 +149,8 @@ def main() -> None:
     parser.add_argument("--head-dim", type=positive_int, default=64)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="q/k/v dtype (default: fp32)")
-    parser.add_argument("--kernel-algorithm", default="auto", choices=["auto", "shift", "blocked", "flex"],
-                        help="algorithm of the 'kernel' columns (default: auto)")
+    parser.add_argument("--kernel-algorithm", default="auto", choices=get_args(Algorithm),
+                        help="algorithm of the 'kernel' columns, any name the dispatch takes (default: auto)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per measurement (default: 2)")
     parser.add_argument("--reference-max-gib", type=positive_float, default=8.0,
                         help="above this estimate the reference runs one head at a time (default: 8)")
