@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(rf, out / "receptive_field.csv")
     name = f"{cfg.model.architecture} {cfg.model.head}" + (f" ({cfg.model.position})" if cfg.model.position != "none"
                                                           else "")
+    if cfg.model.window:  # a sliding window: the prediction reads at most n_layers·(W − 1) + 1 tokens
+        name += f" window {cfg.model.window} (reach {cfg.model.n_layers * (cfg.model.window - 1) + 1})"
     plot_receptive_field(rf, out / "receptive_field.png", f"{name}, {source}")
     reach = {f"{int(m * 100)}%": rf.reach(m) for m in (0.5, 0.9, 0.99)}
     summary = {"model": name, "inputs": source, "length": length, "sequences": rf.sequences,
