@@ -120,7 +120,7 @@ def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_20
     by_name = {m.name: m for m in base.models}
     plan = dataclasses.replace(
         base, out=tmp_path / "v3", data_root=stdlib_2048, max_bytes=400_000, steps=3, batch_size=2, multiples=2,
-        eval_tokens=256, then=(), receptive_field_length=64, receptive_fields=(("nope_w64", ""),),
+        eval_tokens=256, then=(), receptive_field_length=64, receptive_fields=(("nope_w64", ""), ("regular_gpt", "train")),
         models=(by_name["regular_gpt"], by_name["alibi"], by_name["nope_w64"],
                 dataclasses.replace(by_name["alibi_s400"], name="alibi_s6", steps=6),
                 dataclasses.replace(by_name["regular_gpt_s400"], name="regular_gpt_s6", steps=6)),
@@ -134,11 +134,13 @@ def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_20
     assert json.loads((plan.run_dir(*order[3]) / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 6
     study.evaluate_all(plan, memory_gb=1.0)
     assert (receptive_field_dir(plan, "nope_w64", "") / "receptive_field.json").is_file()
+    rf = json.loads((receptive_field_dir(plan, "regular_gpt", "train") / "receptive_field.json").read_text())
+    assert rf["model"].endswith("depth=train") and rf["length"] == 64
     study.write_readme(plan, counts, "python eval/lm_comparison.py --study v3", [], None)
     readme = (plan.out / "README.md").read_text()
     for needle in ("## Stages", "| first | the headline rows | 3 / 3 |", "### Equal parameters or equal compute",
                    "| regular_gpt | train | ", "### As training grows", "| regular_gpt_s6 | 768 | 1 |",
-                   "against a 64-token window", "| nope_w64 | own |"):
+                   "against a 64-token window", "| nope_w64 | own |", "| regular_gpt | train | "):
         assert needle in readme, needle
     assert (plan.out / "gap_vs_tokens.png").is_file() and (plan.out / "ppl_vs_length_by_budget.png").is_file()
     assert v3_sections(dataclasses.replace(plan, stages=())) == []
