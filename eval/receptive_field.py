@@ -67,11 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None, help="LM runs: data folder instead of the run's data.path")
     parser.add_argument("--random-tokens", action="store_true",
                         help="LM runs: uniform random tokens instead of data windows (no data needed)")
+    parser.add_argument("--depth-policy", choices=("adaptive", "train", "per_position"), default=None,
+                        help="RegularGPT LM runs: score the same weights with this depth policy (default: the "
+                             "model's own), e.g. --depth-policy train")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    cfg, model, _ = load_model_file(Path(args.run) / "model.pt")
+    overrides = {"depth_policy": args.depth_policy} if args.depth_policy else None
+    cfg, model, _ = load_model_file(Path(args.run) / "model.pt", model_overrides=overrides)
     if isinstance(cfg, FormalConfig):
         length = args.length or cfg.eval.max_length
         tokens, targets = formal_batch(cfg, length, args.samples, args.seed)
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(rf, out / "receptive_field.csv")
     name = f"{cfg.model.architecture} {cfg.model.head}" + (f" ({cfg.model.position})" if cfg.model.position != "none"
                                                           else "")
+    if args.depth_policy:
+        name += f" depth={args.depth_policy}"
+    if cfg.model.window:  # a sliding window: the prediction reads at most n_layers·(W − 1) + 1 tokens
+        name += f" window {cfg.model.window} (reach {cfg.model.n_layers * (cfg.model.window - 1) + 1})"
     plot_receptive_field(rf, out / "receptive_field.png", f"{name}, {source}")
     reach = {f"{int(m * 100)}%": rf.reach(m) for m in (0.5, 0.9, 0.99)}
     summary = {"model": name, "inputs": source, "length": length, "sequences": rf.sequences,

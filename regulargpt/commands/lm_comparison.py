@@ -10,10 +10,16 @@ Stages (each resumable; rerun the same command after an interruption):
   5. OUT/README.md: commands, git commit, machine, date, parameter counts, tokens, tables, and where RegularGPT
      wins or loses (every number read from the result files).
 
+A staged study (--study v3) trains its stages in order, each stage's runs before the next's (the most informative
+rows first; the README lists the stages and how far they got), then runs the studies it names (v3: the T = 256 pair,
+--study v2-t256). --estimate prints each stage's CPU time estimated from v2's recorded timings and exits.
+
 Examples:
     OMP_NUM_THREADS=1 nohup python eval/lm_comparison.py > results/lm_cpu/comparison.log 2>&1 &   # ~75 min, 1 core
     python eval/lm_comparison.py --demo                          # 1 seed, 4 models, up to 16x: a few minutes
     python eval/lm_comparison.py --report-only                   # rewrite OUT/README.md from the results
+    python eval/lm_comparison.py --study v3 --estimate           # the v3 stages and their estimated CPU hours
+    mkdir -p results/lm_cpu_v3 && OMP_NUM_THREADS=1 nohup python eval/lm_comparison.py --study v3 > results/lm_cpu_v3/study.log 2>&1 &
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from regulargpt.cli import positive_float, positive_int, run
 from regulargpt.experiments.lm_comparison import (
     DEMO,
     STUDIES,
+    Plan,
+    estimate_table,
     evaluate_all,
     parameter_counts,
     prepare_data,
@@ -45,38 +53,55 @@ def main(argv: list[str] | None = None) -> int:
                                                        "+ KERPLE-log + NoPE, 200 steps, up to 16× (out results/demo/lm)")
     p.add_argument("--study", choices=sorted(STUDIES), default="v1",
                    help="which study: v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2: 1.2M tokens per run, "
-                        "the RegularGPT knob ablation, depth policies) or v2-t256 (results/lm_cpu_v2_t256: RegularGPT "
-                        "C8 vs ALiBi trained at T = 256, evaluated to 8192); default v1")
+                        "the RegularGPT knob ablation, depth policies), v2-t256 (results/lm_cpu_v2_t256: RegularGPT "
+                        "C8 vs ALiBi trained at T = 256, evaluated to 8192) or v3 (results/lm_cpu_v3, staged: equal "
+                        "compute, 0.4M/1.2M/3.6M training tokens, the windowed baseline; then v2-t256); default v1")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the study's stages with CPU minutes estimated from v2's recorded timings, and exit")
     p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
     p.add_argument("--steps", type=positive_int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
     p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
     p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")
     p.add_argument("--report-only", action="store_true", help="only rewrite OUT/README.md from existing results")
     args = p.parse_args(argv)
-    plan = DEMO if args.demo else STUDIES[args.study]
+    first = DEMO if args.demo else STUDIES[args.study]
     if args.out:
-        plan.out = Path(args.out).resolve()
-    if args.steps:
-        plan.steps = args.steps
-    if args.eval_tokens:
-        plan.eval_tokens = args.eval_tokens
+        first.out = Path(args.out).resolve()
+    plans = [first, *(STUDIES[name] for name in first.then)]  # a staged study's follow-ups keep their own out
+    for plan in plans:
+        if args.steps:
+            plan.steps = args.steps
+        if args.eval_tokens:
+            plan.eval_tokens = args.eval_tokens
+    if args.estimate:
+        print(estimate_table(plans))
+        return 0
     command = "python " + " ".join(shlex.quote(a) for a in [rel_path(Path(sys.argv[0])), *(argv or sys.argv[1:])])
+    failed: list[str] = []
+    for plan in plans:
+        failed += _run_plan(plan, command, args.memory_gb, args.report_only)
+    return 1 if failed else 0
+
+
+def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool) -> list[str]:
+    """Every stage of one plan (data, budget, training with evaluation and the README after each run); → failures."""
     started = time.time()
-    print(f"comparison: {len(plan.trainings())} trainings of {plan.train_tokens:,} tokens, lengths {plan.lengths}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, out {rel_path(plan.out)}", flush=True)
+    print(f"comparison: {len(plan.trainings())} trainings of {plan.train_tokens:,} tokens (budget rows: their own), "
+          f"lengths {plan.lengths}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+          f"out {rel_path(plan.out)}", flush=True)
     counts = parameter_counts(plan)
     failed: list[str] = []
-    if not args.report_only:
+    if not report_only:
         prepare_data(plan)
 
         def evaluate_and_report() -> None:
-            evaluate_all(plan, args.memory_gb)
+            evaluate_all(plan, memory_gb)
             write_readme(plan, counts, command, [], started)
 
         failed = train_all(plan, evaluate_and_report)
-        evaluate_all(plan, args.memory_gb)
-    write_readme(plan, counts, command, failed, None if args.report_only else started)
-    return 1 if failed else 0
+        evaluate_all(plan, memory_gb)
+    write_readme(plan, counts, command, failed, None if report_only else started)
+    return failed
 
 
 def console() -> NoReturn:

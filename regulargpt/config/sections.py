@@ -77,6 +77,9 @@ class ModelConfig(_Section):
     rel_bias_init: Literal["normal", "zeros", "recency"] = "normal"  # window scalars r: N(0, 0.02), 0, −s_h·j
     depth_scaled_init: bool = False  # output projections (attention, FFN) at init std / sqrt(2 · layer applications)
     attention_memory_mb: int = 256  # dense baselines: query-chunk size is chosen so one score block stays under this
+    # Dense baselines: causal sliding window, each query sees its last `window` keys (itself included); 0 = every
+    # earlier key. The windowed baseline of the LM study uses W = T_train (regulargpt.model.window_attention).
+    window: int = 0
 
     section: ClassVar[str] = "model"
 
@@ -110,6 +113,13 @@ class ModelConfig(_Section):
             self._fail("embedding_init_std", self.embedding_init_std, "a number >= 0 (0 = init_std)")
         if self.train_length < 0:
             self._fail("train_length", self.train_length, "an integer >= 0 (0 = data.seq_len)")
+        if self.window < 0:
+            self._fail("window", self.window, "an integer >= 0 (0 = full causal attention)")
+        if self.window and self.architecture != "transformer":
+            self._fail("window", self.window, f"0 for architecture {self.architecture!r} (the sliding window is a "
+                       f"dense-transformer option; RegularGPT's window is C^L_train under depth_policy 'train')")
+        if self.window and self.position == "xl_relative":
+            self._fail("window", self.window, "0 with position 'xl_relative' (its relative attention is not windowed)")
         if self.depth_policy != "adaptive" and (self.architecture != "regular_gpt" or self.head != "lm"):
             self._fail("depth_policy", self.depth_policy,
                   "'adaptive' unless architecture is 'regular_gpt' with head 'lm' (tree mode reads one position)")

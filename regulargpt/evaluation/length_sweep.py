@@ -71,6 +71,8 @@ def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
            if k not in _NOT_VARIANT[section]}
     if not cfg.train.extended_from:  # a key added later: runs that were never extended keep their variant id
         del out["train.extended_from"]
+    if not cfg.model.window:  # likewise: unwindowed runs keep the variant id they had before model.window existed
+        del out["model.window"]
     out["data.seq_len"] = cfg.data.seq_len
     out["data.dataset"] = Path(cfg.data.path).name if cfg.data.path else ""
     step = meta.get("step")

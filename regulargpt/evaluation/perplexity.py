@@ -140,11 +140,11 @@ def plan_windows(tokens: int, length: int, protocol: Protocol, stride: int = 0) 
 
 
 def model_label(cfg: ModelConfig) -> str:
-    """Display name: ``RegularGPT C4 K4``, ``ALiBi``, ``KERPLE-log``, ``NoPE`` …"""
+    """Display name: ``RegularGPT C4 K4``, ``ALiBi``, ``KERPLE-log``, ``NoPE``, ``RoPE W64`` (a 64-key window) …"""
     if cfg.architecture == "regular_gpt":
         return f"RegularGPT C{cfg.chunk_size} K{cfg.thickness}"
     if cfg.architecture == "transformer":
-        return _POSITION_NAMES[cfg.position]
+        return _POSITION_NAMES[cfg.position] + (f" W{cfg.window}" if cfg.window else "")
     return cfg.architecture.upper()
 
 
@@ -157,12 +157,15 @@ def estimate_memory(cfg: ModelConfig, length: int, batch: int, params: int) -> i
     (~4·H·C). Dense models with an additive bias add their query-chunked score block (``attention_memory_mb``,
     which shrinks its chunk as the batch grows, but holds at least one query row: 3·B·H·L fp32) and the bias blocks
     shared by the layers (``dense_attention.CausalBias``: at most min(budget, 4·H·L²) bytes);
-    bias-free dense attention uses the fused kernel (no L×L block). Plus the fp32 weights, 4·params.
+    bias-free dense attention uses the fused kernel (no L×L block). A sliding window W < L
+    (``model.window``) adds its banded scores instead, ~3·H·2W per token. Plus the fp32 weights, 4·params.
     """
     per_token = cfg.d_model * (2 * cfg.ffn_mult + 8) + 3 * cfg.vocab_size
     fixed = 0
     if cfg.architecture == "regular_gpt":
         per_token += 4 * cfg.n_heads * cfg.chunk_size
+    elif 0 < cfg.window < length:  # banded: scores, probabilities and mask of 2W keys per query, the (W, 2W) band
+        per_token += 3 * cfg.n_heads * 2 * cfg.window
     elif cfg.position in ATTENTION_BIASES:  # an additive bias: the query-chunked path, not the fused kernel
         block = 12 * batch * cfg.n_heads * length  # one query row of scores, probabilities and bias
         budget = cfg.attention_memory_mb << 20

@@ -1,6 +1,6 @@
 """Text generation with cached decoding for every language model (see docs/GENERATION.md).
 
-* :mod:`caches`: append-only key/value caches and ring buffers;
+* :mod:`caches`: append-only key/value caches and ring buffers (the windowed baseline's: :class:`WindowKVCache`);
 * :mod:`dense_decoder`: the dense baselines' per-layer KV cache;
 * :mod:`regular_decoder`: RegularGPT's ring buffer per (depth step, sub-layer), bounded under ``depth_policy="train"``;
 * :mod:`sampling`: greedy, temperature, top-k, top-p;
@@ -11,7 +11,7 @@ The model code knows nothing of this package: decoders drive the models' own lay
 kernels, so cached logits equal the full forward's.
 """
 
-from regulargpt.generation.caches import GrowingTensor, KVCache, RingCache
+from regulargpt.generation.caches import GrowingTensor, KVCache, RingCache, WindowKVCache
 from regulargpt.generation.dense_decoder import DenseDecoder
 from regulargpt.generation.errors import GenerationError
 from regulargpt.generation.generate import Decoder, check_request, generate, make_decoder, teacher_forced_logits
@@ -35,4 +35,5 @@ __all__ = [
     "ring_window",
     "teacher_forced_logits",
     "window_attention",
+    "WindowKVCache",
 ]

@@ -8,6 +8,8 @@ concatenation of the whole cache per token. Keys and values are (B, H, slots, Dh
 * :class:`RingCache`: the last `window` positions only; position p lives in slot p mod window. Storage grows with
   the positions written until it reaches `window` slots, then stays there. Worked example, window = 4: after
   positions 0..5 the slots hold positions [4, 5, 2, 3]; position 6 then overwrites slot 2.
+* :class:`WindowKVCache`: :class:`KVCache`'s interface over a ring, for sliding-window attention (``model.window``):
+  `append` returns only the keys the new positions can see.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["GrowingTensor", "KVCache", "RingCache"]
+__all__ = ["GrowingTensor", "KVCache", "RingCache", "WindowKVCache"]
 
 _MIN_SLOTS = 16
 
@@ -139,3 +141,37 @@ class RingCache:
     def nbytes(self) -> int:
         """Bytes of storage held (at most 2 · B · H · window · Dh · itemsize)."""
         return 0 if self.k is None or self.v is None else self.k.nbytes + self.v.nbytes
+
+
+class WindowKVCache:
+    """Keys and values of one sliding-window layer (window W): a W-slot :class:`RingCache`, constant memory.
+
+    `append(k, v)` of n new positions t..t+n−1 returns the keys/values of positions max(0, t−W+1)..t+n−1 (the
+    W − 1 older ones the newest window reaches back to, then the new ones), in position order: what
+    ``sliding_window_attention`` needs for the new queries. E.g. W = 4 after positions 0..8: appending position 9
+    returns positions 6..9, and the ring then holds 6..9.
+    """
+
+    def __init__(self, window: int, reserve: int = 0) -> None:
+        self.ring = RingCache(window, reserve=reserve)
+
+    @property
+    def length(self) -> int:
+        return self.ring.length
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add k, v (B, H, n, Dh) → keys and values (B, H, w + n, Dh), w = min(W − 1, length) older positions."""
+        start = self.ring.length
+        older = list(range(max(0, start - self.ring.window + 1), start))
+        if older:
+            old_k, old_v = self.ring.read(older)  # (B, H, w, Dh)
+            keys, values = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        else:
+            keys, values = k, v
+        self.ring.write(k, v)
+        return keys, values
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage held: at most 2 · B · H · W · Dh · itemsize."""
+        return self.ring.nbytes

@@ -12,6 +12,10 @@ positions: sinusoidal/learned rows t..t+n−1 added to the new embeddings; RoPE 
 positions and the cache stores rotated keys; ALiBi/T5/KERPLE and Transformer-XL compute the bias of the new query
 rows (``bias(query_pos, key_pos)`` with query_pos = t..t+n−1). Memory: 2 · n_layers · B · T · d values at context T;
 time per token: O(n_layers · (d² + T·d)).
+
+A windowed model (``model.window`` = W > 0) keeps a W-slot ring per layer instead
+(:class:`~regulargpt.generation.caches.WindowKVCache`): `append` returns the W − 1 older keys and the new ones, and
+the model's own windowed kernel reads them. Memory 2 · n_layers · B · W · d values, constant in the stream's length.
 """
 
 from __future__ import annotations
@@ -19,9 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from regulargpt.generation.caches import KVCache
+from regulargpt.generation.caches import KVCache, WindowKVCache
 from regulargpt.generation.errors import GenerationError
-from regulargpt.model.dense_attention import causal_attention
 from regulargpt.model.layers import AttendFn
 from regulargpt.model.position import sinusoidal_table
 from regulargpt.model.transformer_lm import TransformerLM
@@ -42,7 +45,7 @@ class DenseDecoder:
 
     def __init__(self, model: TransformerLM) -> None:
         self.model = model
-        self.caches: list[KVCache] = []
+        self.caches: list[KVCache | WindowKVCache] = []
         self.length = 0
 
     @property
@@ -53,7 +56,8 @@ class DenseDecoder:
 
     def reset(self, reserve: int = 0) -> None:
         """Forget the sequence; `reserve` (the positions it will have, if known) sizes the caches once."""
-        self.caches = [KVCache(reserve=reserve) for _ in self.model.layers]
+        window = self.model.config.window
+        self.caches = [WindowKVCache(window, reserve) if window else KVCache(reserve) for _ in self.model.layers]
         self.length = 0
 
     @torch.no_grad()
@@ -105,7 +109,7 @@ class DenseDecoder:
         self.length += n
         return model.head(x)
 
-    def _attend_fn(self, cache: KVCache, positions: Tensor) -> AttendFn:
+    def _attend_fn(self, cache: KVCache | WindowKVCache, positions: Tensor) -> AttendFn:
         model = self.model
         memory = model.config.attention_memory_mb
 
@@ -114,9 +118,9 @@ class DenseDecoder:
             if model.rotary is not None:
                 k = model.rotary(k, positions)
                 q = model.rotary(q, positions[positions.shape[0] - q.shape[2]:])
-            keys, values = cache.append(k, v)  # (B, H, t+n, Dh)
+            keys, values = cache.append(k, v)  # (B, H, t+n, Dh); windowed: (B, H, min(W−1, t)+n, Dh)
             if model.xl is not None:
                 return model.xl(q, keys, values, memory)
-            return causal_attention(q, keys, values, model.bias, memory)
+            return model.attention_kernel(q, keys, values)
 
         return attend

@@ -9,6 +9,9 @@
 * rope          q, k rotated by position (RoPE);
 * alibi, t5, kerple_log, kerple_power: an additive bias b_h(m − n) on the attention logits;
 * xl_relative   Transformer-XL relative logits (q + u)·k + (q + v)·r_{m−n}.
+
+``window`` W > 0 restricts every layer to a causal sliding window (query m sees keys m−W+1..m), with any of the
+signals above but xl_relative (:mod:`regulargpt.model.window_attention`); W = 0 is full causal attention.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from regulargpt.model.position import (
     T5Bias,
     sinusoidal_table,
 )
+from regulargpt.model.window_attention import sliding_window_attention
 from regulargpt.model.xl_relative import XLRelativeAttention
 
 __all__ = ["TransformerLM", "TransformerClassifier"]
@@ -64,7 +68,15 @@ class _DenseTransformer(nn.Module):
             t, tq = k.shape[2], q.shape[2]  # queries are the last tq positions
             q = self.rotary(q, torch.arange(t - tq, t, device=q.device))
             k = self.rotary(k, torch.arange(t, device=k.device))
-        return causal_attention(q, k, v, self.bias if bias is None else bias, self.config.attention_memory_mb)
+        return self.attention_kernel(q, k, v, bias)
+
+    def attention_kernel(self, q: Tensor, k: Tensor, v: Tensor, bias: CausalBias | None = None) -> Tensor:
+        """Causal attention of q (the last Tq positions) over k, v, position signals already applied: the sliding
+        window of ``config.window`` keys, or every earlier key (window 0); `bias`: default this model's bias."""
+        bias_fn = self.bias if bias is None else bias
+        if self.config.window:
+            return sliding_window_attention(q, k, v, self.config.window, bias_fn, self.config.attention_memory_mb)
+        return causal_attention(q, k, v, bias_fn, self.config.attention_memory_mb)
 
     def encode(self, tokens: Tensor, last_only: bool = False) -> Tensor:
         """tokens (B, T) → final hidden states (B, T, d), before the head; with `last_only`, (B, 1, d) for the last
@@ -76,7 +88,8 @@ class _DenseTransformer(nn.Module):
         elif self.learned_positions is not None:
             x = x + self.learned_positions(t).to(x.dtype)
         attend: AttendFn = self._attend
-        if self.bias is not None:  # one set of bias blocks for every layer of this pass (dense_attention.CausalBias)
+        windowed = 0 < self.config.window < t  # banded: no (T, T) bias blocks
+        if self.bias is not None and not windowed:  # one set of bias blocks for every layer (dense_attention.CausalBias)
             blocks = CausalBias.for_pass(self.bias, x.shape[0], self.config.n_heads, t, self.config.attention_memory_mb,
                                          x.device, torch.promote_types(x.dtype, torch.float32))
             attend = partial(self._attend, bias=blocks)
@@ -91,10 +104,15 @@ class _DenseTransformer(nn.Module):
     def flops_per_token(self, length: int) -> int:
         """Training FLOPs per token (3 × forward) at length T: weight matmuls of every layer and the head, plus
         attention over the (T+1)/2 keys a causal query sees on average:
-        3 · [n_layers · (2·(4d² + 2·ffn_mult·d²) + 4·d·(T+1)/2) + 2·d·V]."""
+        3 · [n_layers · (2·(4d² + 2·ffn_mult·d²) + 4·d·(T+1)/2) + 2·d·V]; with a window W < T, a query sees
+        (W+1)/2 … W keys: the mean over positions, W − W(W−1)/(2T), replaces (T+1)/2."""
         cfg = self.config
         d = cfg.d_model
-        per_layer = 2 * (4 * d * d + 2 * cfg.ffn_mult * d * d) + 4 * d * (length + 1) // 2
+        if 0 < cfg.window < length:
+            seen = cfg.window - cfg.window * (cfg.window - 1) / (2 * length)
+        else:
+            seen = (length + 1) / 2
+        per_layer = 2 * (4 * d * d + 2 * cfg.ffn_mult * d * d) + int(4 * d * seen)
         return 3 * (cfg.n_layers * per_layer + 2 * d * self.head.proj.out_features)
 
 

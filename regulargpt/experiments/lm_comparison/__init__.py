@@ -1,6 +1,6 @@
 """The CPU-scale length-extrapolation comparison of language models: RegularGPT against ALiBi, T5, KERPLE-log/power,
 RoPE and NoPE. :mod:`.plans` (what a study trains and scores), :mod:`.stages` (data, parameter budget, training,
-evaluation), :mod:`.report` (the study's README). The command is :mod:`regulargpt.commands.lm_comparison`
+evaluation), :mod:`.estimate` (a study's CPU time from recorded timings), :mod:`.report` (the study's README). The command is :mod:`regulargpt.commands.lm_comparison`
 (`python eval/lm_comparison.py`)."""
 
 from regulargpt.experiments.lm_comparison.plans import (
@@ -12,12 +12,17 @@ from regulargpt.experiments.lm_comparison.plans import (
     STUDIES,
     V2,
     V2_T256,
+    V3,
+    V3_BUDGET_MODELS,
+    V3_BUDGETS,
     VOCAB,
     Plan,
+    Stage,
     Variant,
     rel_path,
     train_overrides,
 )
+from regulargpt.experiments.lm_comparison.estimate import estimate_table, stage_costs
 from regulargpt.experiments.lm_comparison.report import discussion, write_readme
 from regulargpt.experiments.lm_comparison.stages import (
     children_cpu,
@@ -27,6 +32,7 @@ from regulargpt.experiments.lm_comparison.stages import (
     train_all,
 )
 
-__all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "VOCAB", "Plan", "Variant",
-           "children_cpu", "discussion", "evaluate_all", "parameter_counts", "prepare_data", "rel_path",
-           "train_all", "train_overrides", "write_readme"]
+__all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
+           "V3_BUDGET_MODELS", "VOCAB", "Plan", "Stage", "Variant", "children_cpu", "discussion", "estimate_table",
+           "evaluate_all", "parameter_counts", "prepare_data", "rel_path", "stage_costs", "train_all",
+           "train_overrides", "write_readme"]

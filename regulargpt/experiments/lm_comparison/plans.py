@@ -1,15 +1,17 @@
 """The CPU-scale language-model studies as data: which (dataset, variant, seed) a study trains, with which overrides,
-and at which lengths it is scored. ``STUDIES`` holds v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2) and
-v2-t256; ``DEMO`` is `make demo`'s small version. Paths are relative to the checkout (``ROOT``), whose configs/,
+and at which lengths it is scored. ``STUDIES`` holds v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2),
+v2-t256 and v3 (results/lm_cpu_v3, staged: equal compute, training budgets, the windowed baseline); ``DEMO`` is `make demo`'s small version. Paths are relative to the checkout (``ROOT``), whose configs/,
 data_prep/, launch/ and eval/ the stages run."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "VOCAB", "Plan", "Variant",
-           "rel_path", "train_overrides"]
+__all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
+           "V3_BUDGET_MODELS", "V3_EQUAL_COMPUTE", "V3_WINDOWS", "VOCAB", "Plan", "Stage", "Variant", "rel_path",
+           "train_overrides"]
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: regulargpt/experiments/lm_comparison/plans.py
 
@@ -31,6 +33,20 @@ class Variant:
     depth_policies: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
     seeds: tuple[int, ...] = ()
+    steps: int = 0  # training steps of this row; 0 = the plan's (a training-budget row sets its own)
+    # What the row is matched to RegularGPT on: "parameters" (checked: within ±10%) or "layer_applications" (the
+    # 12-layer baselines: RegularGPT's K·L_train = 12 layer applications per token, ~2.2× its parameters)
+    matched: str = "parameters"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a staged study (v3): trainings run in this order, each stage's before the next's, so that the
+    most informative rows finish first. `runs`: (variant name, seeds) pairs; `why`: what the stage answers."""
+
+    name: str
+    why: str
+    runs: tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass
@@ -51,6 +67,20 @@ class Plan:
     sliding_lengths: tuple[int, ...] = (64, 256, 1024)
     train_length: int = 64  # data.seq_len of every training run
     superseded_by: str = ""  # a later study that replaces this one (said at the top of its README)
+    # A staged study (v3): its trainings are exactly these stages' runs, in stage order (every dataset of the plan),
+    # instead of the seed-major order over the variants' own seeds
+    stages: tuple[Stage, ...] = ()
+    then: tuple[str, ...] = ()  # studies (keys of STUDIES) the same command runs after this one, e.g. the T = 256 pair
+    # (variant, depth policy or "") whose seed-0 run gets eval/receptive_field.py at receptive_field_length
+    receptive_fields: tuple[tuple[str, str], ...] = ()
+    receptive_field_length: int = 1024
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.models]
+        staged = [(v, s) for stage in self.stages for v, seeds in stage.runs for s in seeds]
+        unknown = sorted({v for v, _ in staged} - set(names))
+        if unknown or len(staged) != len(set(staged)):
+            raise ValueError(f"plan {self.out}: stages name unknown variants {unknown} or a (variant, seed) twice")
 
     @property
     def lengths(self) -> list[int]:
@@ -65,8 +95,20 @@ class Plan:
         """A study with RegularGPT variants scored under several depth policies (v2)."""
         return any(m.depth_policies for m in self.models)
 
+    def steps_of(self, variant: Variant) -> int:
+        return variant.steps or self.steps
+
+    def tokens_of(self, variant: Variant) -> int:
+        """Training tokens of one row: its steps × batch × training length."""
+        return self.steps_of(variant) * self.batch_size * self.train_length
+
     def trainings(self) -> list[tuple[str, Variant, int]]:
-        """(dataset, variant, seed), seed-major within each dataset so that every row gets its first seed first."""
+        """(dataset, variant, seed): a staged plan's stage runs in stage order; otherwise seed-major within each
+        dataset so that every row gets its first seed first."""
+        if self.stages:
+            by_name = {m.name: m for m in self.models}
+            return [(d, by_name[v], s) for d in self.datasets for stage in self.stages for v, seeds in stage.runs
+                    for s in seeds]
         return [(d, m, s) for d in self.datasets for s in self.seeds[d] for m in self.models
                 if (not m.datasets or d in m.datasets) and (not m.seeds or s in m.seeds)]
 
@@ -129,7 +171,62 @@ V2_T256 = Plan(
     models=(Variant("rg_c8", "regular_gpt", ("model.chunk_size=8",), _POLICIES), Variant("alibi", "alibi")),
     seeds={"python-stdlib": (0,)}, steps=300, batch_size=16, multiples=32, eval_tokens=16384, train_length=256,
 )
-STUDIES = {"v1": FULL, "v2": V2, "v2-t256": V2_T256}
+
+# v3 (issues 25 and 28): the v2 questions at equal compute, as training grows, and against a plain local window.
+# python-stdlib, T = 64, the v2 settings (1200 steps × 16 × 64 = 1.2M tokens unless a row sets its steps).
+# Budget rows: <name>_s400 (0.4M tokens) and <name>_s3600 (3.7M) beside the 1.2M rows <name>.
+_TRAIN = ("train",)  # RegularGPT rows are scored with their own adaptive depth and the training depth
+_WINDOW = ("model.window=64",)  # W = T_train: trains exactly as the unwindowed model, reads 64 keys past it
+_L12 = ("model.n_layers=12",)  # RegularGPT's K·L_train = 4·3 layer applications per token
+V3_BUDGETS = {400: "_s400", 1200: "", 3600: "_s3600"}  # steps → the suffix of a budget row's name
+_V3_BUDGET_ROWS = (
+    Variant("regular_gpt", "regular_gpt", (), _TRAIN),  # the paper's settings: C 4, K 4
+    Variant("rg_c8", "regular_gpt", ("model.chunk_size=8",), _TRAIN),  # v2's best variant
+    Variant("alibi", "alibi"),
+)
+V3_BUDGET_MODELS = tuple(m.name for m in _V3_BUDGET_ROWS)
+V3 = Plan(
+    out=ROOT / "results" / "lm_cpu_v3", datasets=("python-stdlib",),
+    models=(
+        *_V3_BUDGET_ROWS,
+        Variant("alibi_l12", "alibi", _L12, matched="layer_applications"),
+        Variant("kerple_log", "kerple_log"),
+        Variant("kerple_log_l12", "kerple_log", _L12, matched="layer_applications"),
+        Variant("nope_w64", "nope", _WINDOW),
+        Variant("rope_w64", "rope", _WINDOW),
+        Variant("nope_w64_l12", "nope", _WINDOW + _L12, matched="layer_applications"),
+        Variant("rope_w64_l12", "rope", _WINDOW + _L12, matched="layer_applications"),
+        *(dataclasses.replace(m, name=m.name + V3_BUDGETS[steps], steps=steps)
+          for steps in (400, 3600) for m in _V3_BUDGET_ROWS),
+    ),
+    seeds={"python-stdlib": (0, 1, 2)},
+    steps=1200, batch_size=16, multiples=32, eval_tokens=16384,
+    stages=(
+        Stage("1x-core-seed0", "windowed vs RegularGPT-train at 1× and 32×, and the gap at equal compute (1 seed)",
+              (("regular_gpt", (0,)), ("alibi", (0,)), ("nope_w64", (0,)), ("rope_w64", (0,)),
+               ("alibi_l12", (0,)), ("rg_c8", (0,)))),
+        Stage("budget-0.4M-seed0", "a second training budget: the gap at 0.4M tokens (1 seed)",
+              (("regular_gpt_s400", (0,)), ("rg_c8_s400", (0,)), ("alibi_s400", (0,)))),
+        Stage("1x-core-seed1", "seed spread of every 1× answer and of the 1.2M budget point",
+              (("regular_gpt", (1,)), ("alibi", (1,)), ("nope_w64", (1,)), ("rope_w64", (1,)),
+               ("alibi_l12", (1,)), ("rg_c8", (1,)))),
+        Stage("budget-3.6M-seed0", "the third training budget: the trend's 3.6M point (1 seed)",
+              (("regular_gpt_s3600", (0,)), ("rg_c8_s3600", (0,)), ("alibi_s3600", (0,)))),
+        Stage("equal-applications", "KERPLE-log at 4 and 12 layers, the windows at 12 layers (1 seed)",
+              (("kerple_log", (0,)), ("kerple_log_l12", (0,)), ("nope_w64_l12", (0,)), ("rope_w64_l12", (0,)))),
+        Stage("budgets-seed1", "seed spread of the 0.4M and 3.6M points",
+              (("regular_gpt_s400", (1,)), ("rg_c8_s400", (1,)), ("alibi_s400", (1,)),
+               ("regular_gpt_s3600", (1,)), ("rg_c8_s3600", (1,)), ("alibi_s3600", (1,)))),
+        Stage("third-seeds", "3 seeds for ALiBi-12 (and the ALiBi and RegularGPT rows it is paired with)",
+              (("alibi_l12", (2,)), ("alibi", (2,)), ("regular_gpt", (2,)))),
+    ),
+    then=("v2-t256",),
+    receptive_fields=(("regular_gpt", "train"), ("rg_c8", "train"), ("alibi", ""), ("nope_w64", ""),
+                      ("rope_w64", "")),
+)
+V3_EQUAL_COMPUTE = {"alibi": "alibi_l12", "kerple_log": "kerple_log_l12"}  # 4-layer row → its 12-layer row
+V3_WINDOWS = ("nope_w64", "rope_w64", "nope_w64_l12", "rope_w64_l12")
+STUDIES = {"v1": FULL, "v2": V2, "v2-t256": V2_T256, "v3": V3}
 
 
 def rel_path(path: Path) -> str:
@@ -143,6 +240,7 @@ def rel_path(path: Path) -> str:
 def train_overrides(plan: Plan, dataset: str, seed: int, variant: Variant | None = None) -> list[str]:
     return [*(variant.sets if variant else ()), f"data.path={rel_path(plan.data_root / dataset)}",
             f"data.seq_len={plan.train_length}", f"model.vocab_size={VOCAB}",
-            f"train.seed={seed}", f"train.steps={plan.steps}", f"train.batch_size={plan.batch_size}",
+            f"train.seed={seed}", f"train.steps={plan.steps_of(variant) if variant else plan.steps}",
+            f"train.batch_size={plan.batch_size}",
             "train.eval_every=0", "train.save_every=0", "train.keep_last=1", "logging.progress=false",
             "logging.wandb=false"]

@@ -14,6 +14,7 @@ from regulargpt.evaluation.lm_report import aggregate, load_rows, markdown_table
 from regulargpt.evaluation.perplexity import model_label
 from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_path, train_overrides
 from regulargpt.experiments.lm_comparison.stages import children_cpu
+from regulargpt.experiments.lm_comparison.v3_report import v3_sections
 from regulargpt.files import atomic_write_text
 from regulargpt.model import adaptive_depth
 
@@ -186,6 +187,7 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
     seeds = plan.seed_summary()
     lines += ["", "## What we found" if plan.is_ablation else "## Summary", ""]
     lines += _what_we_found(plan) if plan.is_ablation else _summary(plan)
+    lines += v3_sections(plan)  # a staged study's stages and answers (v3); nothing for v1/v2
     lines += [
         "", "## Setup", "",
         (f"- Data: {', '.join(plan.datasets)}, each built with `python data_prep/prepare.py --source <dataset> "
@@ -197,7 +199,11 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
          f"(chunk size C = {rg.chunk_size}) applied at ceil(log_C T) depth steps. Overrides of every run: "
          f"`{overrides}`."),
         (f"- Training: {plan.steps} steps × batch {plan.batch_size} × length {plan.train_length} = "
-         f"**{plan.train_tokens:,} tokens per run**, identical for every model; seeds: {seeds}."),
+         f"**{plan.train_tokens:,} tokens per run**, "
+         + ("identical for every model" if not any(m.steps for m in plan.models) else
+            "for every row but the training-budget rows: " + ", ".join(
+                f"{m.name} {plan.steps_of(m)} steps = {plan.tokens_of(m):,}" for m in plan.models if m.steps))
+         + f"; seeds: {seeds}."),
         (f"- Evaluation: `eval/extrapolate.py`, non-overlapping windows (the KERPLE/ALiBi protocol) on the test "
          f"split at L = {', '.join(map(str, plan.lengths))} (1× … {plan.multiples}×), the same {plan.eval_tokens:,} "
          f"tokens scored at every length; the exact command is at the top of each `<dataset>/table.md`."),

@@ -20,7 +20,8 @@ from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_pa
 from regulargpt.files import atomic_write_text
 from regulargpt.model import build_model
 
-__all__ = ["children_cpu", "evaluate_all", "parameter_counts", "prepare_data", "train_all"]
+__all__ = ["children_cpu", "evaluate_all", "parameter_counts", "prepare_data", "receptive_field_dir",
+           "receptive_fields", "train_all"]
 
 
 def _run(cmd: list[str], log: Path | None = None) -> int:
@@ -42,17 +43,19 @@ def prepare_data(plan: Plan) -> None:
 
 
 def parameter_counts(plan: Plan) -> dict[str, int]:
-    """Parameters of every model; SystemExit when one is more than 10% away from RegularGPT's."""
+    """Parameters of every model; SystemExit when one matched on parameters (``Variant.matched``; the 12-layer
+    rows are matched on layer applications instead) is more than 10% away from RegularGPT's."""
     counts = {}
     for model in plan.models:
         cfg = load_config(ROOT / "configs" / "tiny" / f"{model.config}.json",
                           train_overrides(plan, plan.datasets[0], 0, model))
         counts[model.name] = build_model(cfg.model).num_parameters()
     reference = counts.get("regular_gpt", next(iter(counts.values())))
-    print("parameters (budget: RegularGPT ±10%):", flush=True)
+    print("parameters (budget: RegularGPT ±10%, except rows matched on layer applications):", flush=True)
     for model, n in counts.items():
-        print(f"  {model:13s} {n:>10,}  ({(n / reference - 1) * 100:+.2f}%)", flush=True)
-    far = [m for m, n in counts.items() if abs(n / reference - 1) > 0.10]
+        print(f"  {model:17s} {n:>10,}  ({(n / reference - 1) * 100:+.2f}%)", flush=True)
+    by_params = {m.name for m in plan.models if m.matched == "parameters"}
+    far = [m for m, n in counts.items() if m in by_params and abs(n / reference - 1) > 0.10]
     if far:
         raise SystemExit(f"error: {far} are more than 10% away from RegularGPT's {reference:,} parameters")
     return counts
@@ -122,3 +125,25 @@ def evaluate_all(plan: Plan, memory_gb: float) -> None:
         for runs, extra in jobs:
             if runs and _run([*base, "--runs", *runs, *extra]) != 0:
                 raise SystemExit(f"error: evaluation on {dataset} failed (see above)")
+    receptive_fields(plan)
+
+
+def receptive_field_dir(plan: Plan, variant: str, policy: str) -> Path:
+    """OUT/receptive_field/<variant>[-<policy>]: where the seed-0 receptive field of (variant, policy) goes."""
+    return plan.out / "receptive_field" / (f"{variant}-{policy}" if policy else variant)
+
+
+def receptive_fields(plan: Plan) -> None:
+    """eval/receptive_field.py for each of the plan's (variant, depth policy) whose seed-0 run on the first dataset
+    has finished and whose receptive_field.json is missing: 32 test windows of receptive_field_length (as v2)."""
+    dataset = plan.datasets[0]
+    variants = {m.name: m for m in plan.models}
+    for name, policy in plan.receptive_fields:
+        run_dir, out = plan.run_dir(dataset, variants[name], 0), receptive_field_dir(plan, name, policy)
+        if not (run_dir / "model.pt").is_file() or (out / "receptive_field.json").is_file():
+            continue
+        cmd = [sys.executable, "eval/receptive_field.py", "--run", rel_path(run_dir), "--out", rel_path(out),
+               "--length", str(plan.receptive_field_length), "--samples", "32",
+               "--data", rel_path(plan.data_root / dataset), *(["--depth-policy", policy] if policy else [])]
+        if _run(cmd) != 0:
+            raise SystemExit(f"error: the receptive field of {name} {policy} failed (see above)")

@@ -1,0 +1,171 @@
+"""The v3 study's own README sections (issues 25 and 28), computed from its result rows: the stages and how far
+they got, the gap to ALiBi at equal parameters and at equal compute, the gap as training grows (table, fit, plots),
+RegularGPT under ``depth_policy=train`` against the 64-token windows, and the receptive fields. The rest of the
+README is v2's (:mod:`.report`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from regulargpt.evaluation.lm_findings import Summary, summarise
+from regulargpt.evaluation.lm_report import load_rows
+from regulargpt.evaluation.lm_trends import budget_markdown, gap_table, plot_gap_vs_tokens, plot_ppl_by_budget
+from regulargpt.experiments.lm_comparison.estimate import estimate_table
+from regulargpt.experiments.lm_comparison.plans import (
+    STUDIES,
+    V3_BUDGET_MODELS,
+    V3_EQUAL_COMPUTE,
+    V3_WINDOWS,
+    Plan,
+    rel_path,
+)
+from regulargpt.experiments.lm_comparison.stages import receptive_field_dir
+
+__all__ = ["budget_suffixes", "v3_sections"]
+
+_RG = ("regular_gpt", "rg_c8")
+
+
+def _mean_gap(table: dict[tuple[str, str], Summary], row: tuple[str, str], ref: tuple[str, str],
+              length: int) -> tuple[float, int] | None:
+    if row not in table or ref not in table:
+        return None
+    gaps = table[row].paired(table[ref], length)
+    return (100 * float(np.mean(gaps)), len(gaps)) if gaps else None
+
+
+def _noise(table: dict[tuple[str, str], Summary], row: tuple[str, str], ref: tuple[str, str], length: int) -> str:
+    """" (within the seed spread)" when the paired gaps' sample std exceeds their mean's size, else ""."""
+    gaps = table[row].paired(table[ref], length)
+    return " (within the seed spread)" if len(gaps) > 1 and float(np.std(gaps, ddof=1)) > abs(float(np.mean(gaps))) \
+        else ""
+
+
+def _equal_compute(table: dict[tuple[str, str], Summary], t: int, longest: int) -> list[str]:
+    lines = ["### Equal parameters or equal compute", "",
+             "RegularGPT applies its K = 4 shared sub-layers at 3 depth steps at T = 64: 12 layer applications per "
+             "token against a 4-layer baseline's 4 (equal parameters); the `_l12` rows have 12 dense layers (equal "
+             "layer applications, ~2.2× the parameters). Paired gaps (ppl / ppl_ref − 1; > 0 = the row is worse):", ""]
+    rows = [(m, p) for m in _RG for p in ("adaptive", "train")]
+    refs = [(m, "adaptive") for pair in V3_EQUAL_COMPUTE.items() for m in pair]
+    lines += gap_table(table, rows, refs, [t, longest], t) or ["(no results yet)"]
+    lines.append("")
+    for rg in _RG:
+        params = _mean_gap(table, (rg, "adaptive"), ("alibi", "adaptive"), t)
+        compute = _mean_gap(table, (rg, "adaptive"), (V3_EQUAL_COMPUTE["alibi"], "adaptive"), t)
+        if params and compute:
+            word = "larger" if compute[0] > params[0] else "smaller"
+            lines.append(f"- **{rg}** at 1×: {params[0]:+.1f}% to ALiBi at equal parameters (n={params[1]}), "
+                         f"{compute[0]:+.1f}% to ALiBi-12 at equal compute (n={compute[1]}): the gap is {word} at "
+                         f"equal compute by {abs(compute[0] - params[0]):.1f} points.")
+    for small, big in V3_EQUAL_COMPUTE.items():
+        gain = _mean_gap(table, (big, "adaptive"), (small, "adaptive"), t)
+        if gain:
+            lines.append(f"- **{big}** vs **{small}** at 1×: {gain[0]:+.1f}% (n={gain[1]}): what 12 layers buy the "
+                         f"baseline at this budget.")
+    return lines
+
+
+def budget_suffixes(plan: Plan) -> dict[int, str]:
+    """Training tokens → the suffix of that budget's row names: "" for the plan's own steps, and e.g. "_s400" for
+    rows named <model>_s400 (a model of V3_BUDGET_MODELS) that set their own steps."""
+    out = {plan.train_tokens: ""}
+    for m in plan.models:
+        base = next((b for b in V3_BUDGET_MODELS if m.steps and m.name.startswith(b + "_")), None)
+        if base is not None:
+            out[plan.tokens_of(m)] = m.name[len(base):]
+    return out
+
+
+def _budgets(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest: int) -> list[str]:
+    tokens = budget_suffixes(plan)
+    predict_at = 10 * plan.train_tokens
+    lines = ["### As training grows", "",
+             f"RegularGPT (C = 4, the paper's settings; C = 8, v2's best) against ALiBi at "
+             f"{', '.join(f'{n:,}' for n in sorted(tokens))} training tokens; the fit predicts at 10× v2's "
+             f"{plan.train_tokens:,} tokens. Plots: [gap_vs_tokens.png](gap_vs_tokens.png), "
+             f"[ppl_vs_length_by_budget.png](ppl_vs_length_by_budget.png).", ""]
+    lines += budget_markdown(table, tokens, _RG, "alibi", t, longest, predict_at)
+    flat = []
+    for n, suffix in sorted(tokens.items()):
+        ratios = [(m, float(np.mean(table[(m + suffix, "train")].ratio(t, longest))))
+                  for m in _RG if (m + suffix, "train") in table and table[(m + suffix, "train")].ratio(t, longest)]
+        if ratios:
+            flat.append(f"{n:,} tokens: " + ", ".join(f"{m} {r:.3f}{'' if r <= 1.0 else ' (NOT flat)'}"
+                                                      for m, r in ratios))
+    if flat:
+        lines.append(f"- **Depth `train` flat to {longest // t}×** (mean ppl({longest}) / ppl({t}) ≤ 1.00) at every "
+                     "budget? " + "; ".join(flat) + ".")
+    plot_gap_vs_tokens(table, tokens, _RG, "alibi", t, predict_at, plan.out / "gap_vs_tokens.png")
+    plot_ppl_by_budget(table, tokens, [*_RG, "alibi"], plan.lengths, plan.out / "ppl_vs_length_by_budget.png")
+    return lines
+
+
+def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest: int) -> list[str]:
+    lines = ["### RegularGPT under `depth_policy=train` against a 64-token window (issue 28)", "",
+             f"Under `train` every position sees exactly the last C^L_train = {t} tokens. The windowed baselines "
+             "(`model.window=64`, NoPE and RoPE, 4 layers = equal parameters, 12 = equal layer applications) see "
+             "the last 64 keys per layer (the last prediction reaches n_layers·63 + 1 tokens back); at W = T_train "
+             "they train exactly as the unwindowed models. Paired gaps of the row to each window (> 0 = the row is "
+             "worse):", ""]
+    rows = [(m, "train") for m in _RG] + [("alibi", "adaptive")]
+    lines += gap_table(table, rows, [(w, "adaptive") for w in V3_WINDOWS], [t, longest], t) or ["(no results yet)"]
+    lines.append("")
+    for rg in _RG:
+        for w in V3_WINDOWS[:2]:  # the equal-parameter windows
+            gaps = [(L, _mean_gap(table, (rg, "train"), (w, "adaptive"), L)) for L in (t, longest)]
+            said = [f"{'worse' if g[0] > 0 else 'better'} by {abs(g[0]):.1f}% at {L // t}× (n={g[1]})"
+                    + _noise(table, (rg, "train"), (w, "adaptive"), L) for L, g in gaps if g]
+            if said:
+                lines.append(f"- **{rg} (train) vs {w}**: " + ", ".join(said) + ".")
+    for w in V3_WINDOWS:
+        beat = _mean_gap(table, ("alibi", "adaptive"), (w, "adaptive"), t)
+        if beat:
+            lines.append(f"- **ALiBi vs {w} at 1×**: {beat[0]:+.1f}% (n={beat[1]}): ALiBi "
+                         f"{'beats' if beat[0] < 0 else 'does not beat'} the window"
+                         f"{_noise(table, ('alibi', 'adaptive'), (w, 'adaptive'), t)}.")
+    for w in V3_WINDOWS:
+        if (w, "adaptive") in table and table[(w, "adaptive")].ratio(t, longest):
+            lines.append(f"- **{w}**: ppl {longest // t}× / 1× = "
+                         f"{float(np.mean(table[(w, 'adaptive')].ratio(t, longest))):.3f} "
+                         f"(n={len(table[(w, 'adaptive')].ratio(t, longest))}).")
+    found = [(name, policy, receptive_field_dir(plan, name, policy) / "receptive_field.json")
+             for name, policy in plan.receptive_fields]
+    found = [(n, p, json.loads(f.read_text())) for n, p, f in found if f.is_file()]
+    if found:
+        lines += ["", f"Receptive fields (`eval/receptive_field.py`, seed 0, {plan.receptive_field_length} tokens, 32 "
+                      "test windows): the fewest most-recent tokens holding 50 / 90 / 99% of the last prediction's "
+                      "normalised input gradient.", "", "| row | depth policy | 50% | 90% | 99% | files |",
+                  "|---|---|---:|---:|---:|---|"]
+        for name, policy, summary in found:
+            reach = summary["tokens_holding_mass"]
+            where = rel_path(receptive_field_dir(plan, name, policy)).removeprefix(rel_path(plan.out) + "/")
+            lines.append(f"| {name} | {policy or 'own'} | {reach['50%']} | {reach['90%']} | {reach['99%']} | "
+                         f"[{where}]({where}/receptive_field.png) |")
+    return lines
+
+
+def v3_sections(plan: Plan) -> list[str]:
+    """The staged study's sections of its README (empty for an unstaged plan)."""
+    if not plan.stages:
+        return []
+    lines = ["## Stages", "", "Trainings run stage by stage (rerun the command to resume); estimated CPU minutes from "
+             "v2's recorded timings (`python eval/lm_comparison.py --study v3 --estimate`):", "",
+             estimate_table([plan, *(STUDIES[name] for name in plan.then)]), "", "## What v3 asks", ""]
+    dataset = plan.datasets[0]
+    path = plan.out / dataset / "results.jsonl"
+    if not path.is_file():
+        return [*lines, "not evaluated yet", ""]
+    table = summarise(load_rows(path), dataset)
+    t, longest = plan.train_length, plan.lengths[-1]
+    lines += [*_equal_compute(table, t, longest), "", *_budgets(plan, table, t, longest), "",
+              *_windows(plan, table, t, longest), ""]
+    for name in plan.then:
+        other = STUDIES[name]
+        lines += [f"### Longer training length (`--study {name}`)", "",
+                  f"Trained at T = {other.train_length}, scored to {other.lengths[-1]}: "
+                  f"[{rel_path(other.out)}/README.md](../{rel_path(other.out).removeprefix('results/')}/README.md)"
+                  + ("" if (other.out / "README.md").is_file() else " (not run yet)") + ".", ""]
+    return lines

@@ -1,0 +1,149 @@
+"""The v3 LM study (issues 25 and 28): its staged plan, the CPU estimate from v2's recorded timings, the findings it
+computes (paired gaps, the training-budget fit) against hand-computed values, and a tiny real run of the staged
+machinery (train in stage order, evaluate, receptive field, README, resume)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from regulargpt.config import load_config
+from regulargpt.evaluation.lm_findings import summarise
+from regulargpt.evaluation.lm_trends import budget_markdown, fit_gap_trend, gap_table
+from regulargpt.experiments import lm_comparison as study
+from regulargpt.experiments.lm_comparison.estimate import recorded_cpu, stage_costs
+from regulargpt.experiments.lm_comparison.stages import receptive_field_dir
+from regulargpt.experiments.lm_comparison.v3_report import budget_suffixes, v3_sections
+
+
+def test_the_v3_stages_cover_every_row_once_with_the_asked_seeds() -> None:
+    plan = study.V3
+    runs = [(m.name, s) for _, m, s in plan.trainings()]
+    assert len(runs) == len(set(runs)) == 31
+    seeds = {name: sorted(s for n, s in runs if n == name) for name, _ in runs}
+    assert seeds["alibi_l12"] == [0, 1, 2] and seeds["kerple_log_l12"] == [0]  # 3 seeds for ALiBi-12
+    for model in study.V3_BUDGET_MODELS:  # 2 seeds at every budget
+        assert all(len(seeds[model + suffix]) >= 2 for suffix in ("_s400", "", "_s3600"))
+    assert seeds["nope_w64"] == seeds["rope_w64"] == [0, 1]
+    # the first stage holds every row the headline answers need at seed 0
+    first = {(n, s) for n, s in runs[:6]}
+    assert first == {(n, 0) for n in ("regular_gpt", "alibi", "nope_w64", "rope_w64", "alibi_l12", "rg_c8")}
+    assert plan.then == ("v2-t256",) and study.STUDIES["v2-t256"].lengths[-1] == 8192
+
+
+def test_v3_rows_train_with_their_own_steps_layers_and_window() -> None:
+    plan = study.V3
+    by_name = {m.name: m for m in plan.models}
+    sets = study.train_overrides(plan, "python-stdlib", 1, by_name["alibi_s3600"])
+    assert "train.steps=3600" in sets and "train.seed=1" in sets and plan.tokens_of(by_name["alibi_s3600"]) == 3_686_400
+    assert budget_suffixes(plan) == {409_600: "_s400", 1_228_800: "", 3_686_400: "_s3600"}
+    cfg = load_config(study.ROOT / "configs" / "tiny" / "rope.json",
+                      study.train_overrides(plan, "python-stdlib", 0, by_name["rope_w64_l12"])).model
+    assert (cfg.window, cfg.n_layers, cfg.position) == (64, 12, "rope")
+    counts = study.parameter_counts(plan)  # passes: the 12-layer rows are matched on layer applications
+    assert counts["alibi_l12"] > 2 * counts["regular_gpt"]
+    bad = dataclasses.replace(plan, models=(*plan.models[:3], dataclasses.replace(by_name["alibi_l12"],
+                                                                                 matched="parameters")), stages=())
+    with pytest.raises(SystemExit, match="alibi_l12"):
+        study.parameter_counts(bad)
+
+
+def test_the_estimate_prices_rows_from_v2s_recorded_cpu_seconds() -> None:
+    """v2's README records ALiBi at 166 CPU s per 1.2M-token run; a 12-layer ALiBi costs that × the FLOP ratio,
+    3·[n·(2·12d² + 4d·32.5) + 2dV] at d = 128, V = 2048, T = 64; 3.6M tokens cost 3× the 1.2M run."""
+    cpu = recorded_cpu(study.V2.out / "README.md")
+    assert cpu["alibi"] == 166 and cpu["regular_gpt"] == 410 and len(cpu) == 13
+    d, v = 128, 2048
+
+    def flops(n: int) -> float:
+        return 3 * (n * (2 * 12 * d * d + 4 * d * 32.5) + 2 * d * v)
+
+    plan = dataclasses.replace(study.V3, stages=(
+        study.Stage("a", "", (("alibi_l12", (0,)),)), study.Stage("b", "", (("alibi_s3600", (0, 1)),))))
+    a, b = stage_costs(plan)
+    assert a.train_s == pytest.approx(166 * flops(12) / flops(4), rel=1e-6)
+    assert b.train_s == pytest.approx(2 * 3 * 166, rel=1e-6) and b.runs == 2 and not b.unpriced
+
+
+def _rows(ppl: dict[tuple[str, int, str | None], dict[int, float]]) -> list[dict]:
+    """Result rows of runs results/x/runs/d/<variant>-seed<k>: {(variant, seed, policy): {length: ppl}}."""
+    return [{"run": f"results/x/runs/d/{v}-seed{s}", "depth_policy": p, "dataset": "d", "split": "test",
+             "length": L, "protocol": "nonoverlapping", "stride": L, "tokens": 100, "ppl": x, "model": v}
+            for (v, s, p), by_length in ppl.items() for L, x in by_length.items()]
+
+
+def test_gap_table_and_budget_fit_match_hand_computed_values() -> None:
+    """RegularGPT at 110/120 (seeds 0/1) against ALiBi at 100/100: gaps +10%, +20% → "+15.0% ± 7.1 (n=2)". Budget
+    gaps 40, 30, 20 % at 1e5, 1e6, 1e7 tokens: −10 points per decade, +10% predicted at 1e8."""
+    rows = _rows({("rg", 0, None): {64: 110.0, 128: 121.0}, ("rg", 1, None): {64: 120.0, 128: 120.0},
+                  ("alibi", 0, None): {64: 100.0, 128: 100.0}, ("alibi", 1, None): {64: 100.0, 128: 96.0},
+                  ("rg", 0, "train"): {64: 110.0, 128: 100.0}})
+    table = summarise(rows, "d")
+    lines = gap_table(table, [("rg", "adaptive"), ("rg", "train")], [("alibi", "adaptive")], [64, 128], 64)
+    assert lines[0] == "| row | depth policy | vs alibi at 1× | vs alibi at 2× |"
+    assert lines[2] == "| rg | adaptive | +15.0% ± 7.1 (n=2) | +23.0% ± 2.8 (n=2) |"
+    assert lines[3] == "| rg | train | +10.0% (n=1) | 0.0% (n=1) |"
+    fit = fit_gap_trend([(1e5, 40.0), (1e6, 30.0), (1e7, 20.0)], 1e8)
+    assert fit is not None and fit.slope == pytest.approx(-10) and fit.predicted == pytest.approx(10)
+    noisy = fit_gap_trend([(1e5, 41.0), (1e5, 39.0), (1e7, 21.0), (1e7, 19.0)], 1e9)
+    # s² = 4·1/(4−2) = 2; Sxx = 4·1 = 4; x̄ = 6: se = sqrt(2)·sqrt(1/4 + 9/4)
+    assert noisy is not None and noisy.predicted == pytest.approx(0) and noisy.predicted_se == pytest.approx(
+        math.sqrt(2) * math.sqrt(2.5))
+    budgets = _rows({("rg_s1", 0, None): {64: 140.0, 128: 150.0}, ("alibi_s1", 0, None): {64: 100.0, 128: 99.0},
+                     ("rg", 0, None): {64: 130.0, 128: 130.0}, ("alibi", 0, None): {64: 100.0, 128: 100.0},
+                     ("rg_s2", 0, None): {64: 120.0, 128: 125.0}, ("alibi_s2", 0, None): {64: 100.0, 128: 100.0}})
+    text = "\n".join(budget_markdown(summarise(budgets, "d"), {10**5: "_s1", 10**6: "", 10**7: "_s2"}, ["rg"],
+                                     "alibi", 64, 128, 10**8))
+    assert "| rg_s1 | 100,000 | 1 | +40.0% |" in text and "| rg_s2 | 10,000,000 | 1 | +20.0% |" in text
+    assert "changes -10.0 ± 0.0 points per decade" in text and "gap % = 90.0 -10.0·log10 N" in text
+    assert "predicts +10.0% ± 0.0" in text
+
+
+@pytest.fixture(scope="module")
+def stdlib_2048(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """python-stdlib, 400 kB, the study's 2048-piece tokenizer: the data root of a tiny staged plan."""
+    from regulargpt.data import prepare
+
+    root = tmp_path_factory.mktemp("lm_data")
+    prepare("python-stdlib", root / "python-stdlib", vocab_size=study.VOCAB, max_bytes=400_000, val_fraction=0.2,
+            num_proc=1)
+    return root
+
+
+@pytest.mark.slow
+def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_2048: Path, tmp_path: Path) -> None:
+    base = study.V3
+    by_name = {m.name: m for m in base.models}
+    plan = dataclasses.replace(
+        base, out=tmp_path / "v3", data_root=stdlib_2048, max_bytes=400_000, steps=3, batch_size=2, multiples=2,
+        eval_tokens=256, then=(), receptive_field_length=64, receptive_fields=(("nope_w64", ""), ("regular_gpt", "train")),
+        models=(by_name["regular_gpt"], by_name["alibi"], by_name["nope_w64"],
+                dataclasses.replace(by_name["alibi_s400"], name="alibi_s6", steps=6),
+                dataclasses.replace(by_name["regular_gpt_s400"], name="regular_gpt_s6", steps=6)),
+        stages=(study.Stage("first", "the headline rows", (("nope_w64", (0,)), ("regular_gpt", (0,)),
+                                                          ("alibi", (0,)))),
+                study.Stage("second", "a budget", (("alibi_s6", (0,)), ("regular_gpt_s6", (0,))))))
+    counts = study.parameter_counts(plan)  # (no prepare_data: the fixture's data, with a val split long enough)
+    assert study.train_all(plan) == []
+    order = sorted(plan.trainings(), key=lambda r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns)
+    assert [m.name for _, m, _ in order] == ["nope_w64", "regular_gpt", "alibi", "alibi_s6", "regular_gpt_s6"]
+    assert json.loads((plan.run_dir(*order[3]) / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 6
+    study.evaluate_all(plan, memory_gb=1.0)
+    assert (receptive_field_dir(plan, "nope_w64", "") / "receptive_field.json").is_file()
+    rf = json.loads((receptive_field_dir(plan, "regular_gpt", "train") / "receptive_field.json").read_text())
+    assert rf["model"].endswith("depth=train") and rf["length"] == 64
+    study.write_readme(plan, counts, "python eval/lm_comparison.py --study v3", [], None)
+    readme = (plan.out / "README.md").read_text()
+    for needle in ("## Stages", "| first | the headline rows | 3 / 3 |", "### Equal parameters or equal compute",
+                   "| regular_gpt | train | ", "### As training grows", "| regular_gpt_s6 | 768 | 1 |",
+                   "against a 64-token window", "| nope_w64 | own |", "| regular_gpt | train | "):
+        assert needle in readme, needle
+    assert (plan.out / "gap_vs_tokens.png").is_file() and (plan.out / "ppl_vs_length_by_budget.png").is_file()
+    assert v3_sections(dataclasses.replace(plan, stages=())) == []
+    before = {r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns for r in plan.trainings()}
+    assert study.train_all(plan) == []  # resumed: nothing trains again
+    assert before == {r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns for r in plan.trainings()}
