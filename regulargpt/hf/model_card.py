@@ -62,7 +62,7 @@ def _training(cfg: Config, meta: dict[str, Any], run_dir: Path | None) -> list[s
     lines += [f"- Command (the run records its resolved config, not its launcher's command line; this reproduces "
               f"it, with as many ranks as it had): `python launch/pretrain.py --config {run_dir / CONFIG_FILE} "
               f"--run-dir {run_dir}`",
-              f"- Steps: {meta.get('step', 'not recorded')} of `train.steps` = {t.steps}; micro-batch {t.batch_size} "
+              f"- Steps: {meta.get('step', 'not recorded')} (`train.steps` = {t.steps}); micro-batch {t.batch_size} "
               f"× grad_accum {t.grad_accum} per rank, sequence length {cfg.data.seq_len}, lr {t.lr:g} "
               f"({t.schedule}), {t.precision}, ZeRO-{t.zero_stage}, seed {t.seed}",
               f"- Tokens seen: {f'{tokens:,}' if isinstance(tokens, int) and tokens else 'not recorded'}",
