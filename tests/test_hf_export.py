@@ -177,6 +177,23 @@ def test_hf_tokenizer_refuses_a_model_it_cannot_reproduce(data_dir: Path) -> Non
         fast_tokenizer(Tokenizer(proto.SerializeToString()))
 
 
+def test_config_derives_the_standard_fields_and_validates_like_a_run_config() -> None:
+    from regulargpt.config import ConfigError
+    from regulargpt.hf.configuration import RegularGPTConfig
+
+    dense = RegularGPTConfig(regulargpt={"architecture": "transformer", "position": "learned", "max_positions": 64,
+                                         "n_layers": 3, "d_model": 48, "n_heads": 4, "vocab_size": 100})
+    assert (dense.vocab_size, dense.hidden_size, dense.num_attention_heads, dense.num_hidden_layers,
+            dense.max_position_embeddings) == (100, 48, 4, 3, 64)
+    regular = RegularGPTConfig(regulargpt={"thickness": 3, "train_length": 16}, depth_policy="train")
+    assert regular.num_hidden_layers == 3 and regular.model_config.depth_policy == "train"
+    assert not hasattr(regular, "max_position_embeddings")  # any length: tools use their own default, not None
+    with pytest.raises(ConfigError, match="model.depth_policy: 'train' is not allowed"):
+        RegularGPTConfig(regulargpt={"architecture": "transformer"}, depth_policy="train")
+    with pytest.raises(ConfigError, match="model.windw: unknown key"):
+        RegularGPTConfig(regulargpt={"windw": 8})
+
+
 def test_right_padding_gives_each_rows_own_logits_and_left_padding_is_refused(data_dir: Path) -> None:
     from regulargpt.hf.configuration import RegularGPTConfig
     from regulargpt.hf.modeling import RegularGPTForCausalLM, right_padded_lengths

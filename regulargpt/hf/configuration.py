@@ -41,7 +41,6 @@ class RegularGPTConfig(PreTrainedConfig):
     hidden_size: int | None = None
     num_attention_heads: int | None = None
     num_hidden_layers: int | None = None  # dense: n_layers; RegularGPT: thickness K (distinct layers of weights)
-    max_position_embeddings: int | None = None  # learned positions only; the others read any length
     tie_word_embeddings: bool = False
     use_cache: bool = True
     bos_token_id: int | None = None
@@ -55,7 +54,8 @@ class RegularGPTConfig(PreTrainedConfig):
                               f"export to the Hugging Face format")
         self.vocab_size, self.hidden_size, self.num_attention_heads = model.vocab_size, model.d_model, model.n_heads
         self.num_hidden_layers = model.thickness if model.architecture == "regular_gpt" else model.n_layers
-        self.max_position_embeddings = model.max_positions if model.position == "learned" else None
+        if model.position == "learned":  # the others read any length: no attribute, so that tools (lm-evaluation-
+            self.max_position_embeddings = model.max_positions  # harness) take their own default, not None
         self.tie_word_embeddings = model.tie_embeddings
         super().__post_init__(**kwargs)
 

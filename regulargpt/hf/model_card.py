@@ -38,6 +38,10 @@ def evaluation_rows(rows: Sequence[dict[str, Any]], cfg: Config, meta: dict[str,
     return list(latest.values())
 
 
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
@@ -78,11 +82,11 @@ def _data(cfg: Config, manifest: dict[str, Any] | None) -> list[str]:
     source, tok = manifest.get("source", {}), manifest.get("tokenizer", {})
     splits = manifest.get("splits", {})
     lines += [f"`{cfg.data.path}/manifest.json`: source `{source.get('spec', '?')}` ({source.get('kind', '?')}, "
-              f"{source.get('documents', '?')} documents, {source.get('bytes', '?')} bytes), vocabulary "
+              f"{_count(source.get('documents'))} documents, {_count(source.get('bytes'))} bytes), vocabulary "
               f"{manifest.get('vocab_size')}, tokenizer sha256 `{tok.get('sha256', '?')}`, prepared by "
               f"`{manifest.get('command', '?')}` at {manifest.get('created_at', '?')}.", "",
               *_table(["split", "documents", "tokens"],
-                      [(name, f"{s.get('documents', 0):,}", f"{s.get('tokens', 0):,}") for name, s in splits.items()]),
+                      [(name, _count(s.get("documents")), _count(s.get("tokens"))) for name, s in splits.items()]),
               "", "Each document's tokens end with the eos token `</s>`; no bos."]
     return lines + [""]
 
