@@ -231,6 +231,23 @@ def test_labels_give_the_shifted_next_token_loss_with_gradients() -> None:
     assert model.model.embed.table.weight.grad is not None
 
 
+def test_generate_decodes_through_our_cache_and_refuses_beam_search() -> None:
+    from regulargpt.generation import GenerationError
+    from regulargpt.hf.cache import DecoderCache
+    from regulargpt.hf.configuration import RegularGPTConfig
+    from regulargpt.hf.modeling import RegularGPTForCausalLM
+
+    model = RegularGPTForCausalLM(RegularGPTConfig(regulargpt={"vocab_size": 64, "d_model": 16, "n_heads": 2,
+                                                               "train_length": 8, "depth_policy": "train"},
+                                                   eos_token_id=2, pad_token_id=3)).eval()
+    ids = torch.randint(4, 64, (1, 5))
+    out = model.generate(ids, do_sample=False, max_new_tokens=6, return_dict_in_generate=True)
+    assert isinstance(out.cache, DecoderCache) and out.cache.get_seq_length() == out.sequences.shape[1] - 1
+    assert model.generate(ids, do_sample=True, num_return_sequences=3, max_new_tokens=6).shape[0] == 3
+    with pytest.raises(GenerationError, match="beam search"):
+        model.generate(ids, num_beams=2, do_sample=False, max_new_tokens=6)
+
+
 def test_safetensors_format_holds_the_state_dict_and_config(data_dir: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file
