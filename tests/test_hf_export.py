@@ -267,6 +267,7 @@ def test_safetensors_format_holds_the_state_dict_and_config(data_dir: Path, tmp_
 def test_refusals_are_one_line_errors(data_dir: Path, tmp_path: Path) -> None:
     cli = load_script("launch/export.py")
     run = _save_run(tmp_path / "run", data_dir)
+    dense = _save_run(tmp_path / "dense", data_dir, **_dense("t5"))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     classifier = tmp_path / "formal" / "model.pt"
@@ -279,7 +280,8 @@ def test_refusals_are_one_line_errors(data_dir: Path, tmp_path: Path) -> None:
              ([str(run), "--eval", str(tmp_path)], "options of --format hf"),
              ([str(classifier), "--format", "hf"], "sequence classifier"),
              ([str(run), "--format", "hf", "--eval", str(tmp_path / "none.jsonl")], "no results file"),
-             ([str(run), "--format", "hf", "--step", "3"], "no checkpoint global_step3")]
+             ([str(run), "--format", "hf", "--step", "3"], "no checkpoint global_step3"),
+             ([str(dense), "--format", "hf", "--depth-policy", "train"], "the depth policy is RegularGPT's")]
     for argv, message in cases:
         with pytest.raises(UserError, match=message):
             cli.main(argv)

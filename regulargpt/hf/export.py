@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 from transformers import GenerationConfig
@@ -138,11 +139,14 @@ def export_hf_run(source: str | Path, out: str | Path | None, command: str, step
     """The Hugging Face export of a run directory or model.pt (default `out`: RUN/hf), with its tokenizer (the data
     manifest's, or `tokenizer`), its model card, and the rows of `eval_results` that scored it."""
     run_dir, cfg, model, meta = run_weights(source, step)
+    if depth_policy is not None and cfg.model.architecture != "regular_gpt":
+        raise ExportError(f"--depth-policy {depth_policy}: {source} is a {cfg.model.architecture} model; the depth "
+                          f"policy is RegularGPT's")
     where = (run_dir or Path(source).parent) / MODEL_FILE
     tok = find_tokenizer(RunInfo(str(source), where, cfg, model, meta), tokenizer)
     folder = data_folder(cfg.data.path) if cfg.data.path else None
     manifest = load_manifest(folder) if folder is not None else None
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     if eval_results is not None:
         path = Path(eval_results)
         path = path / "results.jsonl" if path.is_dir() else path
