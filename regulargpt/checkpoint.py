@@ -7,12 +7,16 @@ Format (a plain dict saved with ``torch.save``; loads with ``weights_only=True``
      "state_dict": {name: fp32 tensor},
      "meta": {"step": int, ...}}                           # free-form, JSON-able
 
-Written atomically (temporary name + rename).
+Written atomically (temporary name + rename). :func:`save_safetensors_file` writes the same weights as a plain
+``model.safetensors`` (``python launch/export.py RUN --format safetensors``): the state dict under our names, the
+config and meta as JSON strings in its header metadata (``format``, ``config``, ``meta``); a head tied to the
+embedding is stored under both names (safetensors holds no shared tensors).
 """
 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,7 @@ from regulargpt.config import Config, FormalConfig, config_from_saved, config_to
 from regulargpt.errors import UserError
 from regulargpt.files import atomic_write_bytes
 
-__all__ = ["CheckpointError", "save_model_file", "load_model_file"]
+__all__ = ["CheckpointError", "save_model_file", "save_safetensors_file", "load_model_file"]
 
 _FORMAT, _VERSION = "regulargpt-model", 1
 
@@ -34,13 +38,29 @@ class CheckpointError(UserError, ValueError):
 
 def save_model_file(path: str | Path, cfg: Config | FormalConfig, model: nn.Module,
                     meta: dict[str, Any] | None = None) -> None:
-    state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
-             for k, v in model.state_dict().items()}
+    state = _fp32_cpu_state(model)
     payload = {"format": _FORMAT, "version": _VERSION, "config": config_to_dict(cfg), "state_dict": state,
                "meta": dict(meta or {})}
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def _fp32_cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
+            for k, v in model.state_dict().items()}
+
+
+def save_safetensors_file(path: str | Path, cfg: Config | FormalConfig, model: nn.Module,
+                          meta: dict[str, Any] | None = None) -> None:
+    """The fp32 weights as a plain safetensors file, with the resolved config and meta in its header. Read it with
+    ``safetensors.torch.load_file`` (tensors) and ``safe_open(path, "pt").metadata()["config"]`` (JSON)."""
+    from safetensors.torch import save
+
+    state = {k: v.clone().contiguous() for k, v in _fp32_cpu_state(model).items()}  # tied weights: a copy per name
+    header = {"format": _FORMAT, "config": json.dumps(config_to_dict(cfg), sort_keys=True),
+              "meta": json.dumps(dict(meta or {}), sort_keys=True)}
+    atomic_write_bytes(path, save(state, metadata=header))
 
 
 def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",

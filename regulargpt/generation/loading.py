@@ -20,7 +20,7 @@ from regulargpt.data import DataError, Tokenizer, check_tokenizer
 from regulargpt.evaluation.length_sweep import RunInfo, load_run, training_tokenizer_sha
 from regulargpt.generation.errors import GenerationError
 
-__all__ = ["DTYPES", "load_model", "find_tokenizer"]
+__all__ = ["DTYPES", "data_folder", "load_model", "find_tokenizer"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 _ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,9 @@ def load_model(path: str | Path, depth_policy: str | None = None, device: str = 
     return info
 
 
-def _data_folder(data_path: str) -> Path | None:
+def data_folder(data_path: str) -> Path | None:
+    """The prepared data folder a run's ``data.path`` names, looked up from the current folder, then from the
+    repository root; None when neither holds a manifest.json there."""
     for base in (Path.cwd(), _ROOT):
         candidate = base / data_path
         if (candidate / "manifest.json").is_file():
@@ -55,7 +57,7 @@ def find_tokenizer(info: RunInfo, tokenizer: str | Path | None = None) -> Tokeni
         if tokenizer is not None:
             tok = Tokenizer.load(tokenizer)
         else:
-            folder = _data_folder(data_path) if data_path else None
+            folder = data_folder(data_path) if data_path else None
             if folder is None:
                 raise GenerationError(f"cannot find the run's data folder {data_path!r} (its data.path, looked up "
                                       f"from {Path.cwd()} and {_ROOT}) to read its tokenizer; pass --tokenizer "

@@ -7,15 +7,19 @@ The checkpoint is verified against its ``checksums.json`` first (a corrupt one i
 weights gathered over ranks (:func:`consolidated_state_dict`) and loaded with ``strict=True`` into the model the
 run's config describes, then written in the :mod:`regulargpt.checkpoint` format with the step, tokens and the
 training tokenizer's hash in its meta. ``launch/export.py`` is the command line; the trainer calls it at the end.
+:func:`run_weights` is the model the other export formats write (safetensors, Hugging Face): a checkpoint
+consolidated in memory, or the run's model.pt.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
-from regulargpt.config import ConfigError, config_from_saved
+from regulargpt.config import Config, ConfigError, config_from_saved
 from regulargpt.files import read_json_object
 from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE
 from regulargpt.train.engine import TrainError
@@ -27,7 +31,7 @@ from regulargpt.run_directory.checkpoints import (
 )
 from regulargpt.run_directory.safe_load import safe_loading
 
-__all__ = ["consolidated_state_dict", "export_model"]
+__all__ = ["consolidated_model", "consolidated_state_dict", "export_model", "run_weights"]
 
 
 def _stage0_state_dict(folder: Path, names: list[list[str]]) -> dict[str, torch.Tensor]:
@@ -64,12 +68,9 @@ def consolidated_state_dict(run_dir: Path, step: int) -> dict[str, torch.Tensor]
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
-def export_model(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
-    """Write the consolidated fp32 ``model.pt`` of a checkpoint (default: latest) → its path.
-
-    The weights are loaded into a fresh model with ``strict=True`` before writing, so a file that is written loads.
-    """
-    from regulargpt.checkpoint import save_model_file
+def consolidated_model(run_dir: str | Path, step: int | None = None) -> tuple[Config, nn.Module, dict[str, Any]]:
+    """(config, fp32 model, meta) of checkpoint `step` (default: the one ``latest`` names), verified, consolidated
+    over ranks and loaded with ``strict=True``. meta: step, tokens, run_dir, checkpoint, tokenizer_sha256."""
     from regulargpt.model import build_model
 
     run_dir = Path(run_dir)
@@ -100,11 +101,46 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
     except RuntimeError as err:
         raise TrainError(f"{run_dir}/global_step{step}: weights do not fit the config's model: {err}") from None
     trainer = read_trainer_state(run_dir, step)
-    out = Path(out) if out is not None else run_dir / MODEL_FILE
     meta = {"step": step, "tokens": trainer.get("tokens", 0), "run_dir": str(run_dir),
             "checkpoint": f"global_step{step}"}
     tokenizer_sha = trainer.get("data", {}).get("tokenizer_sha256")
     if tokenizer_sha:  # evaluation and generation check their tokenizer against it (training_tokenizer_sha)
         meta["tokenizer_sha256"] = tokenizer_sha
+    return cfg, model.eval(), meta
+
+
+def export_model(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
+    """Write the consolidated fp32 ``model.pt`` of a checkpoint (default: latest) → its path.
+
+    The weights are loaded into a fresh model with ``strict=True`` before writing, so a file that is written loads.
+    """
+    from regulargpt.checkpoint import save_model_file
+
+    cfg, model, meta = consolidated_model(run_dir, step)
+    out = Path(out) if out is not None else Path(run_dir) / MODEL_FILE
     save_model_file(out, cfg, model, meta=meta)
     return out
+
+
+def run_weights(source: str | Path, step: int | None = None) -> tuple[Path | None, Config, nn.Module, dict[str, Any]]:
+    """The language model to export from `source` → (its run directory or None, config, fp32 model, meta).
+
+    A run directory: checkpoint `step`, by default the one ``latest`` names, or its ``model.pt`` when it has no
+    checkpoint. A model.pt path: that file (its folder is the run directory when it holds a saved config)."""
+    from regulargpt.checkpoint import load_model_file
+
+    source = Path(source)
+    if source.is_dir() and (step is not None or latest_step(source) is not None):
+        cfg, model, meta = consolidated_model(source, step)
+        return source, cfg, model, meta
+    if step is not None:
+        raise TrainError(f"--step {step}: {source} is a model file, not a run directory with checkpoints")
+    model_path = source / MODEL_FILE if source.is_dir() else source
+    if not model_path.is_file():
+        raise TrainError(f"{source}: no checkpoint and no {MODEL_FILE}; train it first (launch/pretrain.py)")
+    loaded, model, meta = load_model_file(model_path)
+    if not isinstance(loaded, Config):
+        raise TrainError(f"{model_path}: model.head {loaded.model.head!r} is a sequence classifier; only language "
+                         f"models (head 'lm') export to this format")
+    run_dir = model_path.parent if (model_path.parent / CONFIG_FILE).is_file() else None
+    return run_dir, loaded, model, meta
