@@ -89,6 +89,9 @@ def exported(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     for position in DENSE:
         run = _save_run(root / "runs" / position, data_dir, **_dense(position))
         out[position] = (run, _export(run, root / "hf" / position), None)
+    # the windowed baseline (issue 28): W = 8 < the 16- and 64-token checks, so cached decoding runs its W-slot ring
+    run = _save_run(root / "runs" / "rope-w8", data_dir, **_dense("rope"), window=8)
+    out["rope-w8"] = (run, _export(run, root / "hf" / "rope-w8"), None)
     return out
 
 
