@@ -3,7 +3,7 @@
 For every depth step l < ceil(log_C T) of every (T, C) (dilation D = C**l, folded length N = ceil(T/D)), times one
 forward + backward of `sliding_dilated_attention(..., algorithm=a)` for a in {shift, blocked}, in fp32 and in bf16
 (q, k, v in bf16, as under autocast), and reports the winner and the time `auto` loses against the best of the two.
-This is the measurement behind `regulargpt.model.sliding_dilated.choose_algorithm`. The raw rows go next to the
+This is the measurement behind `regulargpt.model.sliding_dilated.choose_band`. The raw rows go next to the
 report (`<out>.jsonl`); `--rows` re-renders a report from them with the current rule, without measuring again.
 
     python eval/bench_dispatch.py --out results/bench_dispatch.md
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from regulargpt.cli import positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text, read_jsonl  # noqa: E402
-from regulargpt.model.sliding_dilated import adaptive_depth, choose_algorithm, sliding_dilated_attention  # noqa: E402
+from regulargpt.model.sliding_dilated import adaptive_depth, choose_band, sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import git_commit, machine, utc_date  # noqa: E402
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -88,9 +88,9 @@ def measure_grid(args: argparse.Namespace, parser: argparse.ArgumentParser) -> l
 
 
 def render(rows: list[dict], args: argparse.Namespace) -> str:
-    """The markdown table; `auto` is what the current `choose_algorithm` picks for each measured point."""
+    """The markdown table; `auto` is what the current `choose_band` picks for each measured point."""
     for row in rows:
-        row["auto"] = choose_algorithm(row["C"], row["D"], row["T"], _DTYPES[row["dtype"]])
+        row["auto"] = choose_band(row["C"], row["D"], row["T"], _DTYPES[row["dtype"]])
     measured = f"`python {' '.join(sys.argv)}`" if not args.rows else f"rows from `{args.rows}`"
     lines = [
         "# CPU band algorithm per (C, dilation, T, dtype): shift vs blocked, forward + backward",
@@ -100,7 +100,7 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         f"Machine: {machine()}, torch threads {args.threads}  ",
         f"Date: {utc_date()}  ",
         f"Shapes: B={args.batch}, H={args.heads}, Dh={args.head_dim}, with pads; median of {args.reps} runs. "
-        "N = ceil(T/D) is the folded length. `auto` is what `choose_algorithm` picks; 'auto loss' is its time over "
+        "N = ceil(T/D) is the folded length. `auto` is what `choose_band` picks; 'auto loss' is its time over "
         "the faster of the two.",
         "",
         "| dtype | T | C | D | N | shift (ms) | blocked (ms) | faster | auto | auto loss |",

@@ -56,7 +56,7 @@ import torch
 from regulargpt.config import Config, ConfigError, ModelConfig
 from regulargpt.model import adaptive_depth, build_model
 from regulargpt.model.dense_attention import query_chunk_size
-from regulargpt.model.sliding_dilated import choose_algorithm
+from regulargpt.model.sliding_dilated import choose_band
 
 __all__ = ["Cluster", "ModelSize", "MemoryEstimate", "model_size", "precision_bytes", "model_state_bytes",
            "zero_buffers", "activation_bytes", "estimate", "step_seconds", "longest_length", "choose_stage",
@@ -185,7 +185,7 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
         n = -(-length // dil)
         if device == "cuda":
             step = (4 * d * b + 4 * h) * batch * dil * n
-        elif choose_algorithm(c, dil, length, dtype) == "shift":
+        elif choose_band(c, dil, length, dtype) == "shift":
             q = 3 * d * b * tokens if n * dil == length else d * b * batch * dil * n
             step = q + 2 * d * b * batch * dil * (n + c - 1) + 4 * h * c * batch * dil * n
         else:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from regulargpt.model import adaptive_depth, reference_sliding_dilated_attention, sliding_dilated_attention
-from regulargpt.model.sliding_dilated import choose_algorithm
+from regulargpt.model.sliding_dilated import choose_band
 
 CHUNKS = [2, 3, 4, 8, 32]
 
@@ -159,7 +159,7 @@ def test_cpu_rule_shape():
         for dilation in (1, 2, 16, 1024):
             switch = {}
             for dtype in dtypes:
-                picks = [choose_algorithm(c, dilation, t, dtype) for c in chunks]
+                picks = [choose_band(c, dilation, t, dtype) for c in chunks]
                 assert set(picks) <= {"shift", "blocked"}
                 if -(-t // dilation) <= 4:
                     assert set(picks) == {"shift"}, (t, dilation, dtype)
@@ -171,6 +171,6 @@ def test_cpu_rule_shape():
             if switch:
                 assert switch[torch.bfloat16] <= switch[torch.float32], (t, dilation, switch)
     for dtype in dtypes:
-        first_blocked = [next(c for c in chunks if choose_algorithm(c, 1, t, dtype) == "blocked")
+        first_blocked = [next(c for c in chunks if choose_band(c, 1, t, dtype) == "blocked")
                          for t in (512, 4096, 16384, 65536)]
         assert first_blocked == sorted(first_blocked, reverse=True), (dtype, first_blocked)

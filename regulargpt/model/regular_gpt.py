@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -37,23 +38,36 @@ from torch import Tensor, nn
 from regulargpt.config import ModelConfig
 from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
 from regulargpt.model.position import alibi_slopes
-from regulargpt.model.sliding_dilated import adaptive_depth, sliding_dilated_attention
+from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
+from regulargpt.model.sliding_dilated import adaptive_depth, autocast_inputs, fused_algorithm, sliding_dilated_attention
 
 __all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention", "init_rel_bias",
            "last_of_each_chunk"]
 
 
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None,
-                    pad_v: Tensor | None) -> Tensor:
+                    pad_v: Tensor | None, algorithm: Literal["auto", "cpp", "torch"] = "auto") -> Tensor:
     """Attention of the last position of every chunk to its own chunk (tree mode, K = 1).
 
     k, v: (B, H, t, Dh) at the current resolution; q: (B, H, ceil(t/C), Dh) for positions t−1−iC (ascending). The
     sequence is left-padded to a multiple of C with the pad key/value (or masked slots when pads are None); chunk i's
     slot w holds the key at offset j = C−1−w from its query, with logit q·k/sqrt(Dh) + r[h, j]. Equals
     sliding-dilated attention at dilation 1 evaluated at the kept positions.
+
+    "cpp" runs the fused operator with queries at positions (t−1) % C + i·C (query_start, query_step = C,
+    dilation 1), on transpose(1, 2) views; "torch" the chunked einsums below (the reference); "auto" the operator
+    whenever `fused_algorithm` says it runs on this device.
     """
     b, h, t, dh = k.shape
     c = rel_bias.shape[1]
+    if algorithm == "auto":
+        algorithm = "cpp" if fused_algorithm(q.device.type) == "cpp" else "torch"
+    if algorithm == "cpp":
+        q, k, v, pad_k, pad_v = autocast_inputs(q, k, v, pad_k, pad_v)
+        with torch.autocast(q.device.type, enabled=False):
+            out = sliding_dilated_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, 1, pad_k,
+                                      pad_v, query_start=(t - 1) % c, query_step=c)  # (B, ceil(t/C), H, Dh)
+        return out.transpose(1, 2)
     nc = q.shape[2]
     left = nc * c - t
     sdt = torch.promote_types(q.dtype, torch.float32)

@@ -10,7 +10,9 @@ itself is always visible, so no row is empty).
 
 Worked example (C=2, D=2, T=5): position 4 sees keys 4 and 2; position 1 sees key 1 and the pad (position -1).
 
-Kernel. Fold the dilation away: pad T to a multiple of D at the end and view the sequence as D interleaved
+Kernels. ``cpp``: the fused C++ CPU operator (`regulargpt.kernels.sliding_dilated_cpp`), one pass forward and one
+backward in the projection's (B, T, H, Dh) layout, the default on CPU whenever it builds. The PyTorch band
+algorithms, kept as fallbacks and references, fold the dilation away: pad T to a multiple of D at the end and view the sequence as D interleaved
 subsequences of length N = ceil(T/D) (subsequence s holds positions s, s+D, s+2D, ...). In the folded sequence the
 rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. Three exact band algorithms:
 
@@ -21,32 +23,73 @@ rule becomes a causal band of width C: folded index n sees n, n-1, ..., n-C+1. T
   large C, where the matmuls are efficient.
 * ``flex``: FlexAttention over the folded sequence, in `flex_sliding.py` (by name only; slower on an H200).
 
-Folding lives in `dilation.py` (both kernels use it). `auto` picks per call by (C, T, dtype):
+Folding lives in `dilation.py` (the band kernels use it). `auto` picks per call by (device, C, T, dtype):
 `choose_algorithm`, the one place the algorithm is chosen (`flex_sliding` only runs FlexAttention).
 
 None ever allocates a T×T tensor. Gradients reach q, k, v, rel_bias and the pads (shift: a hand-written backward;
-blocked: plain torch ops; flex: FlexAttention's backward, CUDA only).
+blocked: plain torch ops; flex: FlexAttention's backward, CUDA only; cpp: its own backward operator).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from regulargpt.kernels import sliding_dilated_cpp
+from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
 from regulargpt.model import flex_sliding
 from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
-__all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm"]
+__all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm",
+           "choose_band", "fused_algorithm", "autocast_inputs"]
 
-Algorithm = Literal["auto", "shift", "blocked", "flex"]
+Algorithm = Literal["auto", "cpp", "shift", "blocked", "flex"]
 
 
-def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype) -> str:
-    """The band algorithm `auto` runs for one call: "shift" or "blocked", on every device.
+def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype, device: str) -> str:
+    """The algorithm `auto` runs for one call on `device` ("cpu", "cuda"): the device's fused kernel when it is
+    available, else `choose_band`'s "shift" or "blocked".
+
+    CPU: "cpp" (the C++ operator, `regulargpt.kernels.sliding_dilated_cpp`) whenever it builds on this machine
+    (compiled once, cached on disk); when it cannot be built, one warning says why and `choose_band` decides.
+    CUDA: `choose_band` (no fused kernel is registered for it here).
+    """
+    return fused_algorithm(device) or choose_band(chunk_size, dilation, length, dtype)
+
+
+def fused_algorithm(device: str) -> str | None:
+    """The fused kernel of `device` ("cpp" on CPU) if it can run here, else None (and one warning, once per process,
+    saying why it cannot)."""
+    if device not in _FUSED:
+        return None
+    name, build_error = _FUSED[device]
+    error = build_error()
+    if error is None:
+        return name
+    if name not in _FUSED_WARNED:
+        _FUSED_WARNED.add(name)
+        warnings.warn(f"sliding_dilated_attention: the fused {name!r} kernel is unavailable, so algorithm='auto' "
+                      f"falls back to shift/blocked: {error}", RuntimeWarning, stacklevel=3)
+    return None
+
+
+def autocast_inputs(*xs: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Under autocast, the tensors cast to the autocast dtype (None stays None); else unchanged."""
+    device = next(x for x in xs if x is not None).device.type
+    if not torch.is_autocast_enabled(device) or not xs[0].is_floating_point():
+        return xs
+    low = torch.get_autocast_dtype(device)
+    return tuple(None if x is None else x.to(low) for x in xs)
+
+
+def choose_band(chunk_size: int, dilation: int, length: int, dtype: torch.dtype) -> str:
+    """The PyTorch band algorithm for one call, "shift" or "blocked": `auto`'s choice where no fused kernel runs.
 
     Rule, from `python eval/bench_dispatch.py` (results/bench_dispatch.md: forward + backward at every depth step
     of T in {512, 4096, 16384}, C in {2, 3, 4, 8, 16, 32}, fp32 and bf16). The shift loop makes ~C passes over
@@ -239,31 +282,50 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
         rel_bias: (H, C) learnable per-head scalars; r[h, j] is added to the logit of key m - j·dilation.
         dilation: D = C**l at depth step l.
         pad_k, pad_v: (B, H, Dh) key/value read by out-of-range (negative) positions, or None to mask them.
-        algorithm: "shift", "blocked", "flex" (FlexAttention; CUDA, or CPU without gradients) or "auto"
-            (`choose_algorithm`: the faster of shift and blocked for this C, folded length and dtype).
+        algorithm: "cpp" (the fused C++ CPU operator), "shift", "blocked", "flex" (FlexAttention; CUDA, or CPU
+            without gradients) or "auto" (`choose_algorithm`: the device's fused kernel when it builds, else the
+            faster of shift and blocked for this C, folded length and dtype).
 
     Returns:
-        (B, H, T, Dh). Under autocast, q/k/v/pads are cast to the autocast dtype first (bf16 matmuls on CPUs with
-        AVX-512 bf16/AMX); scores and softmax run in fp32 (fp64 for fp64 inputs) whatever the input dtype.
+        (B, H, T, Dh); from "cpp" a transpose(1, 2) view of its (B, T, H, Dh) output. Under autocast, q/k/v/pads are
+        cast to the autocast dtype first (bf16 matmuls on CPUs with AVX-512 bf16/AMX); scores and softmax run in
+        fp32 (fp64 for fp64 inputs) whatever the input dtype.
     """
     _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v)
     device = q.device.type
-    if torch.is_autocast_enabled(device) and q.is_floating_point():
-        low = torch.get_autocast_dtype(device)
-        q, k, v = (x.to(low) for x in (q, k, v))
-        pad_k, pad_v = (None if x is None else x.to(low) for x in (pad_k, pad_v))
+    q, k, v, pad_k, pad_v = autocast_inputs(q, k, v, pad_k, pad_v)
     t, c = q.shape[2], rel_bias.shape[1]
-    chosen = choose_algorithm(c, dilation, t, q.dtype) if algorithm == "auto" else algorithm
+    chosen = choose_algorithm(c, dilation, t, q.dtype, device) if algorithm == "auto" else algorithm
     if chosen == "flex":
         return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
-    if chosen not in _BANDS:
-        raise ValueError(f"algorithm must be one of auto, shift, blocked, flex; got {algorithm!r}")
+    if chosen not in _KERNELS:
+        raise ValueError(f"algorithm must be one of auto, {', '.join(_KERNELS)}, flex; got {algorithm!r}")
     with torch.autocast(device, enabled=False):
+        return _KERNELS[chosen](q, k, v, rel_bias, dilation, pad_k, pad_v)
+
+
+def _run_cpp(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
+             pad_v: Tensor | None) -> Tensor:
+    """The C++ operator reads (B, T, H, Dh): transpose(1, 2) views of the projection's heads, no copy either way."""
+    out = sliding_dilated_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, dilation, pad_k, pad_v)
+    return out.transpose(1, 2)  # (B, H, T, Dh) view of the contiguous (B, T, H, Dh) output
+
+
+def _folded(band: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A band algorithm on the folded view (B, H, D, N, Dh), wrapped to take and return (B, H, T, Dh)."""
+    def run(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
+            pad_v: Tensor | None) -> Tensor:
         qf, kf, vf = (fold_dilation(x, dilation) for x in (q, k, v))  # (B, H, D, N, Dh)
-        return unfold_dilation(_BANDS[chosen](qf, kf, vf, rel_bias, pad_k, pad_v), t)
+        return unfold_dilation(band(qf, kf, vf, rel_bias, pad_k, pad_v), q.shape[2])
+    return run
 
 
-_BANDS = {"shift": _band_shift, "blocked": _band_blocked}
+# Every algorithm by name; "flex" runs outside (it keeps autocast). A device's fused kernel joins _FUSED too:
+# device → (its name, a function returning why it cannot run here, or None).
+_KERNELS: dict[str, Callable[..., Tensor]] = {"cpp": _run_cpp, "shift": _folded(_band_shift),
+                                              "blocked": _folded(_band_blocked)}
+_FUSED: dict[str, tuple[str, Callable[[], str | None]]] = {"cpu": ("cpp", sliding_dilated_cpp.build_error)}
+_FUSED_WARNED: set[str] = set()
 
 
 def reference_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,

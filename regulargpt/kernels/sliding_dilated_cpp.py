@@ -1,0 +1,125 @@
+"""The fused C++ CPU kernel (sliding_dilated_cpu.cpp) as the operator ``regulargpt::sliding_dilated_cpu``.
+
+Operator (the contract of `regulargpt.kernels`), query i at position p_i = query_start + i·query_step:
+
+    out[b, i, h] = Σ_j P[b, i, h, j] · v[b, p_i − j·D, h],   P = softmax_j(q·k[b, p_i − j·D, h] / sqrt(Dh) + r[h, j])
+
+q (B, Tq, H, Dh), k, v (B, T, H, Dh) in the projection's layout, read in place; out (B, Tq, H, Dh) contiguous.
+The forward also returns the probabilities P (B, Tq, H, C) (fp32, fp64 for fp64 inputs), saved for the backward
+instead of the log-sum-exp, and the backward is a second operator, ``regulargpt::sliding_dilated_cpu_backward``;
+both have fake (meta) implementations, so torch.compile captures them, and `torch.library.opcheck` passes.
+
+Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
+-fopenmp`, cached under torch's extension directory. The extension's name carries a hash of the source, the flags,
+the torch version and this CPU (machine and /proc/cpuinfo flags), so a home directory shared by different CPUs never
+loads a binary built for another. `build_error()` says why a build failed (None when it works).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+__all__ = ["sliding_dilated_cpu", "extension", "build_error"]
+
+_SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
+
+
+def _cpu_signature() -> str:
+    """platform.machine() plus the CPU flags line (Linux) or the processor name (elsewhere)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features")))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return f"{platform.machine()} {flags}"
+
+
+def extension() -> ModuleType:
+    """The built extension (compiled once per machine and source, then loaded from the on-disk cache)."""
+    if "module" in _state:
+        return _state["module"]  # type: ignore[return-value]
+    if "error" in _state:
+        raise RuntimeError(_state["error"])
+    from torch.utils.cpp_extension import load
+
+    key = "\0".join([_SOURCE.read_text() if _SOURCE.exists() else "", *_CFLAGS, torch.__version__, _cpu_signature()])
+    name = f"regulargpt_sliding_dilated_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    try:
+        _state["module"] = load(name=name, sources=[str(_SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"])
+    except Exception as exc:  # any build or load failure: the caller falls back and says why
+        _state["error"] = f"building {_SOURCE.name} failed: {type(exc).__name__}: {str(exc).strip()[-500:]}"
+        raise RuntimeError(_state["error"]) from exc
+    return _state["module"]  # type: ignore[return-value]
+
+
+@torch.compiler.assume_constant_result  # torch.compile runs it eagerly when tracing, and keeps the answer
+def build_error() -> str | None:
+    """None when the extension builds and loads, else why not (tried once per process)."""
+    try:
+        extension()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+@torch.library.custom_op("regulargpt::sliding_dilated_cpu", mutates_args=(), device_types="cpu")
+def _forward(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None, pad_v: Tensor | None,
+             dilation: int, query_start: int, query_step: int) -> tuple[Tensor, Tensor]:
+    out, probs = extension().forward(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step)
+    return out, probs
+
+
+@torch.library.custom_op("regulargpt::sliding_dilated_cpu_backward", mutates_args=(), device_types="cpu")
+def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tensor | None,
+              pad_v: Tensor | None, probs: Tensor, dilation: int, query_start: int,
+              query_step: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    grads = extension().backward(dout, q, k, v, rel_bias, pad_k, pad_v, probs, dilation, query_start, query_step)
+    return tuple(grads)  # type: ignore[return-value]
+
+
+def _acc_dtype(x: Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step):
+    b, tq, h, dh = q.shape
+    return q.new_empty(b, tq, h, dh), q.new_empty(b, tq, h, rel_bias.shape[1], dtype=_acc_dtype(q))
+
+
+@_backward.register_fake
+def _backward_fake(dout, q, k, v, rel_bias, pad_k, pad_v, probs, dilation, query_start, query_step):
+    pad_shape = (k.shape[0], k.shape[2], k.shape[3]) if pad_k is not None else (0,)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), k.new_empty(k.shape),
+            q.new_empty(rel_bias.shape, dtype=_acc_dtype(q)), q.new_empty(pad_shape), q.new_empty(pad_shape))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step = inputs
+    ctx.save_for_backward(q, k, v, rel_bias, pad_k, pad_v, output[1])
+    ctx.geometry = (dilation, query_start, query_step)
+
+
+def _autograd_backward(ctx, dout: Tensor, _dprobs: Tensor | None):
+    q, k, v, rel_bias, pad_k, pad_v, probs = ctx.saved_tensors
+    dq, dk, dv, dr, dpad_k, dpad_v = _backward(dout, q, k, v, rel_bias, pad_k, pad_v, probs, *ctx.geometry)
+    pads = (dpad_k, dpad_v) if pad_k is not None else (None, None)
+    return dq, dk, dv, dr.to(rel_bias.dtype), *pads, None, None, None
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def sliding_dilated_cpu(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
+                        pad_k: Tensor | None = None, pad_v: Tensor | None = None, query_start: int = 0,
+                        query_step: int = 1) -> Tensor:
+    """The operator's output (B, Tq, H, Dh); q (B, Tq, H, Dh), k, v (B, T, H, Dh) with stride(-1) == 1."""
+    return torch.ops.regulargpt.sliding_dilated_cpu(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start,
+                                                    query_step)[0]

@@ -1,0 +1,334 @@
+// Fused sliding-dilated attention on CPU, forward and backward (built by sliding_dilated_cpp.py).
+//
+//   query i sits at position p = query_start + i*query_step and sees the keys n_j = p - j*D, j = 0..C-1:
+//   S_j = q_i . k_{n_j} * scale + r[h, j]       (n_j < 0: pad_k / pad_v, or masked out when there are no pads)
+//   P = softmax_j S,   out_i = sum_j P_j v_{n_j}                          scale = 1/sqrt(Dh)
+//   dP_j = dout_i . v_{n_j},  delta = sum_j P_j dP_j,  dS_j = P_j (dP_j - delta)
+//   dq_i = scale sum_j dS_j k_{n_j},  dr[h, j] = sum_i dS_j,  and in gather form, over the queries i_j at n + j*D:
+//   dk_n = scale sum_j dS[i_j, j] q_{i_j},  dv_n = sum_j P[i_j, j] dout_{i_j}    (n < 0: summed into dpad_k/dpad_v)
+//
+// Order. Positions are visited in folded order: chain s = {s, s+D, s+2D, ...}, chain index u = (p - s)/D, so the
+// keys of chain index u are chain indices u, u-1, ..., u-C+1, held in a ring of C rows (converted to the
+// accumulation type once), and each row of q, k, v, dout is read from memory about once whatever D. One row holds
+// all H heads. Work units are fixed ranges of kUnitRows rows of the order (b, s, u), independent of the thread
+// count. The backward does one pass per unit: the queries u in [lo, hi + C - 1) (the last C - 1 are recomputed, not
+// owned) leave dS and P in the ring, and key u - C + 1 collects from them. dr and dpad are per-unit partial sums,
+// reduced once in unit order: no atomics, a rerun is bit-identical, with any thread count.
+// The forward saves the probabilities P (B, Tq, H, C) in the accumulation type (with C <= 8 a read of C floats
+// per (query, head) is cheaper than recomputing C dot products from the log-sum-exp).
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kUnitRows = 256;
+constexpr int kLanes = 16;  // partial sums of a dot product: a fixed summation order whatever the alignment
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  T part[kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) part[l] += a[d + l] * b[d + l];
+  T s = 0;
+  for (; d < n; ++d) s += a[d] * b[d];
+  for (int l = 0; l < kLanes; ++l) s += part[l];
+  return s;
+}
+
+template <typename T>
+inline void axpy(T* y, T alpha, const T* x, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+template <typename T>
+struct Rows {  // (B, rows, H, Dh) with stride(-1) == 1; pads (B, H, Dh) use st = 0
+  T* p;
+  int64_t sb, st, sh;
+  T* row(int64_t b, int64_t t) const { return p + b * sb + t * st; }
+};
+
+template <typename T>
+Rows<T> rows_of(const at::Tensor& x) {
+  T* p = x.data_ptr<std::remove_const_t<T>>();
+  if (x.dim() == 3) return {p, x.stride(0), 0, x.stride(1)};
+  return {p, x.stride(0), x.stride(1), x.stride(2)};
+}
+
+template <typename A>
+struct View {  // one row, all heads, in the accumulation type: head h at p + h * hs
+  const A* p = nullptr;
+  int64_t hs = 0;
+  const A* head(int64_t h) const { return p + h * hs; }
+};
+
+struct Geometry {
+  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, chain_max, units_per_batch;
+  int64_t chain_len(int64_t s) const { return (T - s + D - 1) / D; }
+  int64_t query(int64_t p) const {  // the query at position p, or -1
+    int64_t r = p - qs;
+    if (r < 0 || r % step) return -1;
+    return r / step < Tq ? r / step : -1;
+  }
+  template <typename F>
+  void for_each_segment(int64_t unit, const F& f) const {  // unit's segments (chain s, chain indices [lo, hi))
+    int64_t f0 = unit * kUnitRows, f1 = std::min(f0 + kUnitRows, chains * chain_max);
+    for (int64_t s = f0 / chain_max; s * chain_max < f1; ++s) {
+      int64_t lo = std::max<int64_t>(f0 - s * chain_max, 0);
+      int64_t hi = std::min({f1 - s * chain_max, chain_max, chain_len(s)});
+      if (lo < hi) f(s, lo, hi);
+    }
+  }
+};
+
+template <typename A, typename T>
+View<A> load(const T* src, int64_t hs, const Geometry& g, A* buf) {  // in place when T is A, else converted
+  if constexpr (std::is_same_v<A, T>) {
+    return {src, hs};
+  } else {
+    for (int64_t h = 0; h < g.H; ++h)
+      for (int64_t d = 0; d < g.Dh; ++d) buf[h * g.Dh + d] = static_cast<A>(src[h * hs + d]);
+    return {buf, g.Dh};
+  }
+}
+
+template <typename T, typename A>
+void store(T* dst, const A* src, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<T>(src[d]);
+}
+
+Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rel_bias,
+                  const c10::optional<at::Tensor>& pad_k, const c10::optional<at::Tensor>& pad_v, int64_t D,
+                  int64_t qs, int64_t step) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes(), "q (B, Tq, H, Dh), k, v (B, T, H, Dh) expected");
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3), "q, k: B, H, Dh differ");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v dtypes differ");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors expected");
+  TORCH_CHECK(rel_bias.dim() == 2 && rel_bias.size(0) == q.size(2), "rel_bias (H, C) expected");
+  TORCH_CHECK(pad_k.has_value() == pad_v.has_value(), "pad_k and pad_v: both or neither");
+  for (const auto* pad : {&pad_k, &pad_v})
+    if (pad->has_value()) {
+      const at::Tensor& x = pad->value();
+      TORCH_CHECK(x.dim() == 3 && x.size(0) == q.size(0) && x.size(1) == q.size(2) && x.size(2) == q.size(3) &&
+                      x.scalar_type() == q.scalar_type(), "pads (B, H, Dh) in q's dtype expected");
+    }
+  Geometry g{q.size(0), k.size(1), q.size(1), q.size(2), q.size(3), rel_bias.size(1), D, qs, step, 0, 0, 0};
+  TORCH_CHECK(D >= 1 && step >= 1 && qs >= 0 && g.C >= 1, "dilation, query_step, C >= 1 and query_start >= 0 expected");
+  TORCH_CHECK(g.Tq == 0 || qs + (g.Tq - 1) * step < g.T, "query positions must lie below T");
+  g.chains = std::min(D, g.T);
+  g.chain_max = g.T > 0 ? g.chain_len(0) : 0;
+  g.units_per_batch = (g.chains * g.chain_max + kUnitRows - 1) / kUnitRows;
+  return g;
+}
+
+at::Tensor unit_stride(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
+
+template <typename T>
+struct Inputs {
+  Rows<const T> q, k, v, pk, pv;
+  bool pads;
+};
+
+template <typename T>
+Inputs<T> inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const c10::optional<at::Tensor>& pad_k, const c10::optional<at::Tensor>& pad_v) {
+  Inputs<T> in{rows_of<const T>(q), rows_of<const T>(k), rows_of<const T>(v), {}, {}, pad_k.has_value()};
+  if (in.pads) in.pk = rows_of<const T>(pad_k.value()), in.pv = rows_of<const T>(pad_v.value());
+  return in;
+}
+
+template <typename T>
+void forward_unit(const Geometry& g, const Inputs<T>& in, const at::opmath_type<T>* r, T* out,
+                  at::opmath_type<T>* probs, int64_t unit) {
+  using A = at::opmath_type<T>;
+  const int64_t HD = g.H * g.Dh, C = g.C, b = unit / g.units_per_batch;
+  const A scale = A(1) / std::sqrt(A(g.Dh)), minus_inf = -std::numeric_limits<A>::infinity();
+  std::vector<A> buf((2 * C + 3) * HD + g.Dh + C);
+  A *ring_k = buf.data(), *ring_v = ring_k + C * HD, *qbuf = ring_v + C * HD, *pad_buf = qbuf + HD;
+  A *acc = pad_buf + 2 * HD, *e = acc + g.Dh;
+  std::vector<View<A>> kr(C), vr(C);
+  View<A> pk, pv;
+  if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
+  g.for_each_segment(unit % g.units_per_batch, [&](int64_t s, int64_t lo, int64_t hi) {
+    for (int64_t u = std::max<int64_t>(lo - (C - 1), 0); u < hi; ++u) {
+      const int64_t p = s + u * g.D, slot = u % C;
+      kr[slot] = load(in.k.row(b, p), in.k.sh, g, ring_k + slot * HD);
+      vr[slot] = load(in.v.row(b, p), in.v.sh, g, ring_v + slot * HD);
+      const int64_t i = u >= lo ? g.query(p) : -1;
+      if (i < 0) continue;
+      const View<A> qv = load(in.q.row(b, i), in.q.sh, g, qbuf);
+      T* o = out + (b * g.Tq + i) * HD;
+      A* pr = probs + (b * g.Tq + i) * g.H * C;
+      for (int64_t h = 0; h < g.H; ++h) {
+        A mx = minus_inf, sum = 0;
+        for (int64_t j = 0; j < C; ++j) {
+          const A* key = j <= u ? kr[(u - j) % C].head(h) : in.pads ? pk.head(h) : nullptr;
+          e[j] = key ? dot(qv.head(h), key, g.Dh) * scale + r[h * C + j] : minus_inf;
+          mx = std::max(mx, e[j]);
+        }
+        for (int64_t j = 0; j < C; ++j) sum += (e[j] = std::exp(e[j] - mx));
+        std::fill(acc, acc + g.Dh, A(0));
+        for (int64_t j = 0; j < C; ++j) {
+          pr[h * C + j] = e[j] / sum;
+          if (j <= u || in.pads) axpy(acc, pr[h * C + j], j <= u ? vr[(u - j) % C].head(h) : pv.head(h), g.Dh);
+        }
+        store(o + h * g.Dh, acc, g.Dh);
+      }
+    }
+  });
+}
+
+template <typename T>
+void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& dout,
+                   const at::opmath_type<T>* probs, T* dq, T* dk, T* dv, at::opmath_type<T>* part, int64_t unit) {
+  using A = at::opmath_type<T>;
+  const int64_t HD = g.H * g.Dh, HC = g.H * g.C, C = g.C, b = unit / g.units_per_batch;
+  const A scale = A(1) / std::sqrt(A(g.Dh));
+  std::vector<A> buf((4 * C + 2) * HD + 2 * C * HC + 3 * g.Dh + C);
+  A *ring = buf.data(), *pad_buf = ring + 4 * C * HD, *ring_p = pad_buf + 2 * HD, *ring_ds = ring_p + C * HC;
+  A *acc_q = ring_ds + C * HC, *acc_k = acc_q + g.Dh, *acc_v = acc_k + g.Dh, *dp = acc_v + g.Dh;
+  A *dr = part, *dpk = part + HC, *dpv = dpk + HD;  // this unit's partial sums
+  std::vector<View<A>> kr(C), vr(C), qr(C), dor(C);
+  std::vector<int64_t> query(C, -1);
+  View<A> pk, pv;
+  if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
+  g.for_each_segment(unit % g.units_per_batch, [&](int64_t s, int64_t lo, int64_t hi) {
+    const int64_t len = g.chain_len(s);
+    for (int64_t u = std::max<int64_t>(lo - (C - 1), 0); u < hi + C - 1; ++u) {
+      const int64_t p = s + u * g.D, slot = u % C;
+      A *slot_buf = ring + slot * 4 * HD, *P = ring_p + slot * HC, *dS = ring_ds + slot * HC;
+      query[slot] = -1;
+      if (u < len) {
+        kr[slot] = load(in.k.row(b, p), in.k.sh, g, slot_buf);
+        vr[slot] = load(in.v.row(b, p), in.v.sh, g, slot_buf + HD);
+        query[slot] = u >= lo ? g.query(p) : -1;
+      }
+      if (const int64_t i = query[slot]; i >= 0) {
+        qr[slot] = load(in.q.row(b, i), in.q.sh, g, slot_buf + 2 * HD);
+        dor[slot] = load(dout.row(b, i), dout.sh, g, slot_buf + 3 * HD);
+        std::copy(probs + (b * g.Tq + i) * HC, probs + (b * g.Tq + i + 1) * HC, P);
+        const bool owned = u < hi;
+        for (int64_t h = 0; h < g.H; ++h) {
+          const A *qh = qr[slot].head(h), *doh = dor[slot].head(h);
+          A delta = 0;
+          for (int64_t j = 0; j < C; ++j) {
+            const A* val = j <= u ? vr[(u - j) % C].head(h) : in.pads ? pv.head(h) : nullptr;
+            dp[j] = val ? dot(doh, val, g.Dh) : A(0);
+            delta += P[h * C + j] * dp[j];
+          }
+          for (int64_t j = 0; j < C; ++j) dS[h * C + j] = P[h * C + j] * (dp[j] - delta) * scale;
+          if (!owned) continue;
+          std::fill(acc_q, acc_q + g.Dh, A(0));
+          for (int64_t j = 0; j < C; ++j) {
+            const A ds = dS[h * C + j];
+            dr[h * C + j] += P[h * C + j] * (dp[j] - delta);
+            if (j <= u) {
+              axpy(acc_q, ds, kr[(u - j) % C].head(h), g.Dh);
+            } else if (in.pads) {
+              axpy(acc_q, ds, pk.head(h), g.Dh);
+              axpy(dpk + h * g.Dh, ds, qh, g.Dh);
+              axpy(dpv + h * g.Dh, P[h * C + j], doh, g.Dh);
+            }
+          }
+          store(dq + (b * g.Tq + i) * HD + h * g.Dh, acc_q, g.Dh);
+        }
+      }
+      const int64_t w = u - (C - 1);  // the key whose last query (w + C - 1 = u) is now in the ring
+      if (w < lo || w >= hi) continue;
+      T *dk_row = dk + (b * g.T + s + w * g.D) * HD, *dv_row = dv + (b * g.T + s + w * g.D) * HD;
+      for (int64_t h = 0; h < g.H; ++h) {
+        std::fill(acc_k, acc_k + 2 * g.Dh, A(0));
+        for (int64_t j = 0; j < C; ++j) {
+          const int64_t from = (w + j) % C;
+          if (query[from] < 0) continue;
+          axpy(acc_k, ring_ds[from * HC + h * C + j], qr[from].head(h), g.Dh);
+          axpy(acc_v, ring_p[from * HC + h * C + j], dor[from].head(h), g.Dh);
+        }
+        store(dk_row + h * g.Dh, acc_k, g.Dh);
+        store(dv_row + h * g.Dh, acc_v, g.Dh);
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
+                                c10::optional<at::Tensor> pad_k, c10::optional<at::Tensor> pad_v, int64_t dilation,
+                                int64_t query_start, int64_t query_step) {
+  q = unit_stride(q), k = unit_stride(k), v = unit_stride(v);
+  if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
+  const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
+  const auto acc_type = at::toOpMathType(q.scalar_type());
+  at::Tensor out = at::empty({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor probs = at::empty({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
+  const at::Tensor r = rel_bias.to(acc_type).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    const Inputs<scalar_t> in = inputs_of<scalar_t>(q, k, v, pad_k, pad_v);
+    at::parallel_for(0, g.B * g.units_per_batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t unit = begin; unit < end; ++unit)
+        forward_unit<scalar_t>(g, in, r.data_ptr<A>(), out.data_ptr<scalar_t>(), probs.data_ptr<A>(), unit);
+    });
+  });
+  return {out, probs};
+}
+
+std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
+                                 c10::optional<at::Tensor> pad_k, c10::optional<at::Tensor> pad_v, at::Tensor probs,
+                                 int64_t dilation, int64_t query_start, int64_t query_step) {
+  dout = unit_stride(dout).to(q.scalar_type()), q = unit_stride(q), k = unit_stride(k), v = unit_stride(v);
+  if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
+  const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
+  const auto acc_type = at::toOpMathType(q.scalar_type());
+  TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have q's shape");
+  probs = probs.to(acc_type).contiguous();
+  TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
+  at::Tensor dq = at::empty({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor dk = at::empty({g.B, g.T, g.H, g.Dh}, q.options()), dv = at::empty_like(dk);
+  const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.units_per_batch, width = HC + 2 * HD;
+  at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    const Inputs<scalar_t> in = inputs_of<scalar_t>(q, k, v, pad_k, pad_v);
+    const Rows<const scalar_t> d_out = rows_of<const scalar_t>(dout);
+    at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t unit = begin; unit < end; ++unit)
+        backward_unit<scalar_t>(g, in, d_out, probs.data_ptr<A>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
+                                dv.data_ptr<scalar_t>(), part.data_ptr<A>() + unit * width, unit);
+    });
+  });
+  // The partial sums, reduced once in unit order (dr over every unit, the pads over the units of their batch).
+  at::Tensor dr = at::zeros({g.H, g.C}, part.options()), dpad = at::zeros({g.B, 2 * HD}, part.options());
+  AT_DISPATCH_FLOATING_TYPES(part.scalar_type(), "sliding_dilated_cpu_reduce", [&] {
+    const scalar_t* src = part.data_ptr<scalar_t>();
+    scalar_t *dst_r = dr.data_ptr<scalar_t>(), *dst_pad = dpad.data_ptr<scalar_t>();
+    for (int64_t unit = 0; unit < units; ++unit) {
+      const scalar_t* row = src + unit * width;
+      for (int64_t x = 0; x < HC; ++x) dst_r[x] += row[x];
+      scalar_t* pad_row = dst_pad + unit / g.units_per_batch * 2 * HD;
+      for (int64_t x = 0; x < 2 * HD; ++x) pad_row[x] += row[HC + x];
+    }
+  });
+  at::Tensor dpad_k = at::empty({0}, q.options()), dpad_v = at::empty({0}, q.options());
+  if (pad_k) {
+    dpad = dpad.view({g.B, 2, g.H, g.Dh}).to(q.scalar_type());
+    dpad_k = dpad.select(1, 0).clone(), dpad_v = dpad.select(1, 1).clone();  // own storage each
+  }
+  return {dq, dk, dv, dr, dpad_k, dpad_v};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "sliding-dilated attention forward: (out, probs)");
+  m.def("backward", &backward, "sliding-dilated attention backward: (dq, dk, dv, dr, dpad_k, dpad_v)");
+}

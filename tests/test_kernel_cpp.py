@@ -1,0 +1,173 @@
+"""The fused C++ CPU operator against the dense T×T reference (forward and every gradient), in its strided
+(B, T, H, Dh) layout, with strided queries (tree mode) against chunk_attention's PyTorch path; determinism,
+torch.library's opcheck, the dispatch (no copies around the call) and the fallback when it cannot be built."""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from regulargpt.kernels import sliding_dilated_cpp
+from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
+from regulargpt.model import sliding_dilated
+from regulargpt.model.regular_gpt import chunk_attention
+from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention, sliding_dilated_attention
+
+pytestmark = pytest.mark.skipif(sliding_dilated_cpp.build_error() is not None, reason="the C++ kernel does not build")
+
+
+def _packed(b, t, h, dh, c, pad, dtype, expand_pads=False):
+    """q, k, v as views of one (B, T, 3, H, Dh) projection (non-contiguous), r (H, C), pads (B, H, Dh) or Nones."""
+    qkv = torch.randn(b, t, 3, h, dh, dtype=dtype, requires_grad=True)
+    r = (torch.randn(h, c, dtype=torch.promote_types(dtype, torch.float32)) * 0.5).requires_grad_()
+    if not pad:
+        return qkv, r, None, None
+    if expand_pads:  # the model's layout: one pad per head, expand()ed along B (stride 0)
+        base = [torch.randn(1, h, dh, dtype=dtype, requires_grad=True) for _ in range(2)]
+        return qkv, r, *(x.expand(b, h, dh) for x in base)
+    return qkv, r, *(torch.randn(b, h, dh, dtype=dtype, requires_grad=True) for _ in range(2))
+
+
+def _leaves(qkv, r, pk, pv):
+    return [x for x in (qkv, r, pk, pv) if x is not None]
+
+
+def _check_against_reference(c, dilation, t, pad, dtype, tol, b=2, h=3, dh=8):
+    qkv, r, pk, pv = _packed(b, t, h, dh, c, pad, dtype)
+    q, k, v = qkv.unbind(2)  # each (B, T, H, Dh), strides (3·H·Dh·T, 3·H·Dh, Dh, 1)
+    out = sliding_dilated_cpu(q, k, v, r, dilation, pk, pv)
+    ref = reference_sliding_dilated_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), r, dilation,
+                                              pk, pv).transpose(1, 2)  # (B, T, H, Dh)
+    assert out.shape == (b, t, h, dh) and out.is_contiguous() and out.dtype == dtype
+    assert (out - ref).abs().max() < tol, ("out", c, dilation, t, pad)
+    weights = torch.randn_like(out)
+    got = torch.autograd.grad((out * weights).sum(), _leaves(qkv, r, pk, pv))
+    want = torch.autograd.grad((ref * weights).sum(), _leaves(qkv, r, pk, pv))
+    for name, g, w in zip(["qkv", "rel_bias", "pad_k", "pad_v"], got, want):
+        assert g.dtype == w.dtype and (g - w).abs().max() < tol * max(1.0, w.abs().max().item()), (name, c, dilation, t)
+
+
+def _cases():
+    for c in (2, 3, 4, 8):
+        for dilation in sorted({1, c, c * c}):
+            for t in sorted({1, c - 1, c + 1, c * c + 1, 3 * c * c - 1}):  # T < D, T not a multiple of D
+                yield c, dilation, t
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+def test_fp64_forward_and_every_gradient_match_dense_reference(pad):
+    for c, dilation, t in _cases():
+        _check_against_reference(c, dilation, t, pad, torch.float64, 1e-10)
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+def test_fp32_within_1e5_of_reference(pad):
+    for c, dilation, t in [(2, 1, 300), (3, 9, 100), (4, 16, 70), (8, 8, 300), (8, 64, 100)]:
+        _check_against_reference(c, dilation, t, pad, torch.float32, 1e-5, dh=16)
+
+
+def test_segments_longer_than_a_work_unit_and_wide_heads():
+    """T = 600 at D = 1 spans three 256-row work units (dk/dv gathered across their boundaries); Dh = 40 is not a
+    multiple of the dot product's 16 lanes."""
+    for c, pad in itertools.product((2, 8), (True, False)):
+        _check_against_reference(c, 1, 600, pad, torch.float64, 1e-10, b=1, h=2, dh=40)
+
+
+def test_bf16_and_fp16_inputs_against_fp32():
+    for dtype, c, dilation in itertools.product((torch.bfloat16, torch.float16), (2, 8), (1, 8)):
+        qkv, r, pk, pv = _packed(2, 130, 2, 16, c, True, torch.float32)
+        low = [x.detach().to(dtype).requires_grad_() for x in (qkv, pk, pv)]
+        q, k, v = low[0].unbind(2)
+        out = sliding_dilated_cpu(q, k, v, r, dilation, low[1], low[2])
+        assert out.dtype == dtype
+        want = sliding_dilated_cpu(*(x.float() for x in low[0].unbind(2)), r, dilation, low[1].float(), low[2].float())
+        assert (out.float() - want).abs().max() < 2e-2
+        weights = torch.randn_like(want)
+        got = torch.autograd.grad((out.float() * weights).sum(), [*low, r])
+        ref = torch.autograd.grad((want * weights).sum(), [*low, r])
+        for g, w in zip(got, ref):
+            assert (g.float() - w).abs().max() < 3e-2 * max(1.0, w.abs().max().item())
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+def test_strided_queries_match_chunk_attention_torch_path(pad):
+    """Tree mode: queries at (t−1) % C + i·C against chunk_attention's chunked einsums, forward and gradients."""
+    for c, t in [(2, 1), (2, 7), (3, 9), (4, 13), (8, 40)]:
+        nc = -(-t // c)
+        q = torch.randn(2, 3, nc, 8, dtype=torch.float64, requires_grad=True)
+        k, v = (torch.randn(2, 3, t, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        r = torch.randn(3, c, dtype=torch.float64, requires_grad=True)
+        pads = [torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(2)] if pad else [None] * 2
+        leaves = [x for x in (q, k, v, r, *pads) if x is not None]
+        out = chunk_attention(q, k, v, r, *pads, algorithm="cpp")
+        ref = chunk_attention(q, k, v, r, *pads, algorithm="torch")
+        assert out.shape == ref.shape == (2, 3, nc, 8) and (out - ref).abs().max() < 1e-10, (c, t)
+        weights = torch.randn_like(ref)
+        for g, w in zip(torch.autograd.grad((out * weights).sum(), leaves),  # no pad read when C divides t:
+                        torch.autograd.grad((ref * weights).sum(), leaves, materialize_grads=True)):  # zeros
+            assert (g - w).abs().max() < 1e-10, (c, t)
+
+
+def _all_outputs(c, dilation, threads):
+    torch.manual_seed(1)
+    qkv, r, pk, pv = _packed(2, 700, 2, 16, c, True, torch.float32, expand_pads=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = sliding_dilated_cpu(*qkv.unbind(2), r, dilation, pk, pv)
+        grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), _leaves(qkv, r, pk, pv))
+    finally:
+        torch.set_num_threads(previous)
+    return [out, *grads]
+
+
+def test_bit_identical_rerun_and_across_thread_counts():
+    """dr and dpad are per-unit partial sums reduced in a fixed order: nothing depends on the scheduling."""
+    for c, dilation in [(2, 1), (4, 4), (8, 64)]:
+        first, again, two = (_all_outputs(c, dilation, n) for n in (1, 1, 2))
+        for a, b, d in zip(first, again, two):
+            assert torch.equal(a, b) and torch.equal(a, d), (c, dilation)
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+def test_opcheck(pad):
+    qkv, r, pk, pv = _packed(2, 11, 2, 4, 3, pad, torch.float64)
+    q, k, v = qkv.unbind(2)
+    torch.library.opcheck(torch.ops.regulargpt.sliding_dilated_cpu.default, (q, k, v, r, pk, pv, 3, 0, 1))
+    q = torch.randn(2, 4, 2, 4, dtype=torch.float64, requires_grad=True)  # tree mode: 4 queries, step 3
+    torch.library.opcheck(torch.ops.regulargpt.sliding_dilated_cpu.default, (q, k, v, r, pk, pv, 1, 1, 3))
+
+
+def test_dispatch_reads_the_projection_in_place_and_merges_heads_as_a_view():
+    """auto picks cpp on CPU; from the (B, T, 3, H, Dh) projection's (B, H, T, Dh) views no copy runs around the
+    call, and the layer's head merge out.transpose(1, 2).reshape(B, T, H·Dh) is a view of the operator's output."""
+    b, t, h, dh = 2, 50, 3, 8
+    assert sliding_dilated.choose_algorithm(2, 1, t, torch.float32, "cpu") == "cpp"
+    qkv, r, pk, pv = _packed(b, t, h, dh, 2, True, torch.float32)
+    q, k, v = qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh) views, as TransformerLayer._heads
+    with torch.profiler.profile() as prof:
+        out = sliding_dilated_attention(q, k, v, r.detach(), 2, pk.detach(), pv.detach())
+    names = {e.name for e in prof.events()}
+    assert not names & {"aten::copy_", "aten::clone", "aten::contiguous", "aten::cat"}, names
+    merged = out.transpose(1, 2).reshape(b, t, h * dh)
+    assert merged.data_ptr() == out.data_ptr() and merged._base is not None
+    ref = reference_sliding_dilated_attention(q, k, v, r, 2, pk, pv)
+    assert (out - ref).abs().max() < 1e-5
+
+
+def test_auto_falls_back_with_one_warning_when_the_build_fails(monkeypatch):
+    monkeypatch.setattr(sliding_dilated_cpp, "_state", {"error": "building sliding_dilated_cpu.cpp failed: no g++"})
+    monkeypatch.setattr(sliding_dilated, "_FUSED_WARNED", set())
+    q, k, v = (torch.randn(1, 2, 20, 4) for _ in range(3))
+    r = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        picks = [sliding_dilated.choose_algorithm(4, 1, 20, torch.float32, "cpu") for _ in range(3)]
+        out = sliding_dilated_attention(q, k, v, r, 4)
+    assert picks == ["shift"] * 3
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "falls back to shift/blocked" in messages[0] and "no g++" in messages[0]
+    assert (out - reference_sliding_dilated_attention(q, k, v, r, 4)).abs().max() < 1e-5
+    with pytest.raises(RuntimeError, match="no g\\+\\+"):
+        sliding_dilated_attention(q, k, v, r, 4, algorithm="cpp")
