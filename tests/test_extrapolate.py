@@ -301,6 +301,58 @@ def test_bad_eval_values_are_one_line_errors(data: Path, tmp_path: Path) -> None
     run = _run_cfg(tmp_path / "run", data)
     with pytest.raises(EvalError, match="lengths"):
         sweep_runs([run], data, "test", tmp_path / "out", {"lengths": [0]}, progress=False)
-    with pytest.raises(EvalError, match="depth"):
-        sweep([_run(tmp_path / "dense", data)], data, "test", [16], tmp_path / "o2", progress=False,
-              depth_policy="train")
+
+
+# ------------------------------------------------------------------------------------------- which weights
+
+
+def _checkpoint_at(run: Path, step: int) -> None:
+    """What `latest_step` reads of a training run: a global_step<N>/ folder named by `latest`."""
+    (run / f"global_step{step}").mkdir()
+    (run / "latest").write_text(f"global_step{step}")
+
+
+def test_a_model_pt_older_than_the_runs_newest_checkpoint_is_refused_and_a_named_file_is_noted(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exported at step 65, resumed to a checkpoint at step 96: the run directory is refused (naming both steps
+    and the export command); the file named explicitly is scored with a note, and its rows say step 65."""
+    from regulargpt.evaluation.run_weights import StaleModelError
+
+    run = Path(_run(tmp_path / "r", data, meta={"step": 65}))
+    _checkpoint_at(run, 96)
+    with pytest.raises(StaleModelError, match=r"step 65.*newest checkpoint is step 96.*launch/export\.py"):
+        sweep([str(run)], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+    rows = sweep([str(run / "model.pt")], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False)
+    assert "holds the weights of step 65; the run's newest checkpoint is step 96" in capsys.readouterr().err
+    assert [r["step"] for r in rows] == [65]
+
+
+def test_rows_record_the_weights_hash_and_rows_of_other_weights_are_rescored(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hash is the same for the same weights saved twice, differs when one weight changes, and a rerun into the
+    same folder after a re-export rescores the run instead of keeping the old weights' rows."""
+    from regulargpt.evaluation.run_weights import weights_sha256
+
+    run = Path(_run(tmp_path / "r", data, meta={"step": 10}))
+    first = sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False)
+    state = torch.load(run / "model.pt", weights_only=True)["state_dict"]
+    assert {r["weights_sha256"] for r in first} == {weights_sha256(state)} and {r["step"] for r in first} == {10}
+    capsys.readouterr()
+    assert sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False) == []
+    assert "2 of 2 (run, length) rows were already in" in capsys.readouterr().err
+    copy = Path(_run(tmp_path / "copy", data, meta={"step": 10}))  # same seed → same weights, another file
+    assert weights_sha256(torch.load(copy / "model.pt", weights_only=True)["state_dict"]) == weights_sha256(state)
+    changed = dict(state, **{"head.proj.weight": state["head.proj.weight"] + 1e-3})
+    assert weights_sha256(changed) != weights_sha256(state)
+    _run(tmp_path / "r", data, seed=1, meta={"step": 20})  # the run exported again, at a later step
+    second = sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False)
+    assert [r["step"] for r in second] == [20, 20] and second[0]["weights_sha256"] != first[0]["weights_sha256"]
+    assert [r["step"] for r in load_rows(tmp_path / "out" / "results.jsonl")] == [10, 10, 20, 20]
+
+
+def test_depth_policy_applies_to_regular_gpt_runs_and_leaves_the_others_alone(data: Path, tmp_path: Path) -> None:
+    alibi = _run(tmp_path / "alibi", data)
+    rgpt = _run(tmp_path / "rgpt", data, architecture="regular_gpt", position="none")
+    rows = sweep([alibi, rgpt], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False, depth_policy="train")
+    assert [(r["run"], r["depth_policy"]) for r in rows] == [(alibi, None), (rgpt, "train")]

@@ -99,3 +99,23 @@ def test_bad_input_is_one_error_line(run: Path, data_dir: Path, tmp_path: Path) 
                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: the prompt")
 
+
+
+def test_stale_model_pt_is_refused_and_stderr_names_the_weights_and_the_speed(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model.pt exported at step 0 in a run whose newest checkpoint is step 96 is refused; the file named
+    explicitly generates, and stderr says which weights (step, sha256), the note, tokens/s and the cache size."""
+    from regulargpt.evaluation.run_weights import weights_sha256
+
+    run = _run_dir(tmp_path / "run", data_dir, depth_policy="train")
+    saved = torch.load(run / "model.pt", weights_only=True)
+    torch.save({**saved, "meta": {"step": 0}}, run / "model.pt")  # as launch/export.py writes it at step 0
+    (run / "global_step96").mkdir()
+    (run / "latest").write_text("global_step96")
+    with pytest.raises(UserError, match=r"step 0, but the run's newest checkpoint is step 96"):
+        _cli().main([str(run), "--prompt", "x"])
+    assert _cli().main([str(run / "model.pt"), "--prompt", "def ", "--max-new-tokens", "5", "--greedy"]) == 0
+    err = capsys.readouterr().err
+    sha = weights_sha256(torch.load(run / "model.pt", weights_only=True)["state_dict"])
+    assert f"step 0, weights sha256 {sha[:12]}" in err and "the run's newest checkpoint is step 96" in err
+    assert "tokens/s" in err and " MiB at " in err
