@@ -38,6 +38,9 @@ FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.model"
+# A split shorter than one training window of configs/base.json (T = 512, plus the target) is worth a warning:
+# training refuses a split shorter than data.seq_len + 1, and evaluation scores no window longer than it.
+TYPICAL_WINDOW = 512 + 1
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -145,6 +148,43 @@ def _up_to_date(out: Path, fingerprint: str) -> dict | None:
     return manifest if tok.is_file() and sha256_file(tok) == manifest["tokenizer"]["sha256"] else None
 
 
+def _tokenizer_users(out: Path, sha: str) -> list[str]:
+    """The data folders beside `out` whose manifest names the tokenizer `sha` (e.g. prepared with --tokenizer)."""
+    users = []
+    for manifest in sorted(out.resolve().parent.glob(f"*/{MANIFEST}")):
+        if manifest.parent.resolve() == out.resolve():
+            continue
+        try:
+            if json.loads(manifest.read_text()).get("tokenizer", {}).get("sha256") == sha:
+                users.append(str(manifest.parent))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return users
+
+
+def _check_tokenizer_replacement(out: Path, given: Tokenizer | None, force: bool, log: Callable[[str], None]) -> None:
+    """A rebuild of `out` that would replace its tokenizer (a new one trained, or another --tokenizer) needs `force`:
+    data folders tokenised with the old one and runs trained on it stop matching this folder. DataError naming the
+    tokenizer, the folders beside `out` that use it, and the two ways on; with `force`, one line saying what goes."""
+    try:
+        old = load_manifest(out)["tokenizer"]
+    except (DataError, KeyError, TypeError):
+        return  # no finished folder there: nothing to replace
+    if given is not None and given.sha256 == old.get("sha256"):
+        return
+    users = _tokenizer_users(out, old.get("sha256", ""))
+    what = (f"{out}/{old.get('file', TOKENIZER_FILE)} (sha256 {str(old.get('sha256'))[:12]}…"
+            + (f"; also used by {', '.join(users)}" if users else "") + ")")
+    new = f"--tokenizer {given.path}" if given is not None else "training a new tokenizer"
+    if force:
+        log(f"--force: replacing tokenizer {what} by {new}; runs trained on the old one no longer match {out}")
+        return
+    raise DataError(f"{out} already holds data tokenised with {what}; rebuilding it with these options means "
+                    f"{new}, and data folders prepared with the old one and runs trained on it would no longer "
+                    f"match it. Pass --force to replace it, or --out another folder (--tokenizer "
+                    f"{out}/{old.get('file', TOKENIZER_FILE)} keeps the old one)")
+
+
 def _total(splits: dict[str, dict]) -> dict[str, int]:
     return {key: sum(int(v[key]) for v in splits.values()) for key in ("tokens", "documents", "chars")}
 
@@ -219,6 +259,7 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
             if not force and (manifest := _up_to_date(out, fingerprint)) is not None:
                 log(f"{out} is up to date (input fingerprint {fingerprint[:12]}); nothing to do")
                 return manifest
+            _check_tokenizer_replacement(out, given, force, log)
             (out / MANIFEST).unlink(missing_ok=True)  # while files are replaced the folder has no (stale) manifest
             docs = docs if docs is not None else load()
             if len(docs) < 3:
@@ -266,6 +307,12 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
         log(f"wrote {out}: "
             + ", ".join(f"{k} {v['tokens']:,} tokens / {v['documents']} docs" for k, v in splits.items())
             + f"; vocab {tok.vocab_size}; chars/token {cpt['all']} (val {cpt['val']}); {t_end - t0:.1f} s")
+        for name, info in splits.items():
+            if info["tokens"] < TYPICAL_WINDOW:
+                log(f"warning: the {name} split has {info['tokens']:,} tokens, fewer than one window of "
+                    f"configs/base.json ({TYPICAL_WINDOW:,} = T 512 + 1): training refuses a split shorter than "
+                    f"data.seq_len + 1 and evaluation scores no longer window; raise --max-bytes"
+                    + ("" if name == "train" else f" or --{name}-fraction"))
         return manifest
     except BaseException:
         if created is not None:  # a failed first build (e.g. a vocabulary too large for the corpus) leaves nothing
