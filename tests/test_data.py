@@ -232,8 +232,11 @@ def _arange_folder(tmp_path: Path, n: int = 10) -> Path:
 
 
 def test_manifest_errors(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"data folder .*nowhere does not exist; run `python data_prep/prepare.py"):
+    with pytest.raises(DataError, match=r"data folder .*nowhere does not exist; run `python data_prep/prepare.py "
+                                        r"--source python-stdlib"):
         load_manifest(tmp_path / "nowhere")
+    with pytest.raises(DataError, match=r"prepare.py --source debian-prose --out .*debian-prose --vocab-size 8000"):
+        load_manifest(tmp_path / "debian-prose", vocab_size=8000)  # the source its name says
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="has no manifest.json"):
         load_manifest(tmp_path / "empty")

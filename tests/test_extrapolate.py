@@ -158,8 +158,8 @@ def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     with pytest.raises(EvalError, match="no model.pt"):
         sweep([str(tmp_path)], data, "test", [16], tmp_path / "out", progress=False)
     other = _write_data(tmp_path / "other", np.arange(200) % VOCAB, tokenizer=b"another tokenizer")
-    with pytest.raises(EvalError, match="tokenizer sha256"):
-        sweep([run], other, "test", [16], tmp_path / "out", progress=False)
+    with pytest.raises(EvalError, match=rf"tokenizer sha256.*prepare.py --tokenizer {data}/tokenizer.model …"):
+        sweep([run], other, "test", [16], tmp_path / "out", progress=False)  # the file the run's data folder holds
     stamped = _run(tmp_path / "stamped", data, meta={"tokenizer_sha256": "0" * 64})
     with pytest.raises(EvalError, match="tokenizer sha256 000000000000"):
         sweep([stamped], data, "test", [16], tmp_path / "out", progress=False)

@@ -6,7 +6,10 @@ Examples:
     deepspeed --num_gpus 2 launch/pretrain.py --config configs/tiny/alibi.json    # CPU: 2 processes (gloo)
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
-    python launch/pretrain.py --config configs/tiny/regular_gpt.json --set data.path=data/tiny --extend-to 600
+    python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 600
+
+Resuming and extending train on the run's own data.path (its config.resolved.json) unless --set data.path=… is
+given, so the data folder need not be repeated.
 
 Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
 model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint
@@ -47,10 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, args.set)
     from regulargpt.train import default_run_dir, train
 
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
-    if args.extend_to is not None:
-        from regulargpt.run_directory import extension_config
+    from regulargpt.run_directory import extension_config, with_saved_data_path
 
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
+    cfg, note = with_saved_data_path(run_dir, cfg, args.set)
+    if note and rank == 0:
+        print(note, file=sys.stderr, flush=True)
+    if args.extend_to is not None:
         cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)
     if rank == 0 and summary["preempted"]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from tqdm.auto import tqdm
 
-from regulargpt.data.sources import DataError, Source, load_documents, resolve_source
+from regulargpt.data.sources import KNOWN_SOURCES, DataError, Source, load_documents, resolve_source
 from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from regulargpt.files import atomic_open, read_json_object, sha256_file
 
@@ -350,7 +350,10 @@ def load_manifest(data_dir: str | Path, vocab_size: int | None = None) -> dict:
     """
     data_dir = Path(data_dir)
     vocab = f" --vocab-size {vocab_size}" if vocab_size else ""
-    hint = f"run `python data_prep/prepare.py --source python-stdlib --out {data_dir}{vocab}` (or another --source)"
+    # the source a folder's name suggests (data/debian-prose → debian-prose), else the one every machine has
+    source = next((known for known in sorted(KNOWN_SOURCES, key=len, reverse=True) if known in data_dir.name),
+                  "python-stdlib")
+    hint = f"run `python data_prep/prepare.py --source {source} --out {data_dir}{vocab}` (or another --source)"
     if not data_dir.is_dir():
         raise DataError(f"data folder {data_dir} does not exist; {hint}")
     path = data_dir / MANIFEST

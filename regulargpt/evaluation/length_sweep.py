@@ -180,6 +180,16 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
     return None
 
 
+def _training_tokenizer_file(info: RunInfo) -> str:
+    """Where the run's tokenizer file is: in the data folder it trained on (its data.path; a run directory holds
+    none), or a description of it when that folder is not here."""
+    try:
+        manifest = load_manifest(info.cfg.data.path)
+        return str(Path(info.cfg.data.path) / manifest["tokenizer"]["file"])
+    except (DataError, KeyError, TypeError):
+        return f"<the tokenizer.model of the data folder the run trained on, data.path={info.cfg.data.path!r}>"
+
+
 def open_eval_split(data_dir: str | Path, split: str) -> TokenSplit:
     """Open the held-out split; EvalError (not a traceback) when the folder or split is missing or corrupt."""
     try:
@@ -203,7 +213,7 @@ def check_compatible(info: RunInfo, split: TokenSplit) -> None:
     if found is not None and found[0] != data_sha:
         raise EvalError(f"{info.run}: trained with tokenizer sha256 {found[0][:12]}… ({found[1]}) but data folder "
                         f"{split.data_dir} was tokenised with {data_sha[:12]}…; prepare the evaluation data with "
-                        f"`data_prep/prepare.py --tokenizer <the run's tokenizer.model>`")
+                        f"`python data_prep/prepare.py --tokenizer {_training_tokenizer_file(info)} …`")
     try:
         split.check_token_range(vocab)
     except DataError as err:
