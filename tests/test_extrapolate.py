@@ -272,6 +272,23 @@ def test_console_lines_name_the_run_directory(data: Path, tmp_path: Path, capsys
     assert "my-run-dir" in captured.out + captured.err
 
 
+
+def test_the_command_ends_with_the_table_and_a_rerun_says_what_it_skipped(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The console's last lines are table.md's table; a rerun scores nothing and says how many rows it kept."""
+    run = _run(tmp_path / "r", data, uniform=True)
+    argv = ["--runs", run, "--data", str(data), "--out", str(tmp_path / "out"), "--lengths", "16,32", "--no-progress"]
+    assert load_script("eval/extrapolate.py").main(argv) == 0
+    out = capsys.readouterr().out
+    table = (tmp_path / "out" / "table.md").read_text()
+    last = [line for line in table.splitlines() if line.startswith("| ALiBi")]
+    assert last == ["| ALiBi | 0.006M | 1 | 61.00 | 61.00 |"] and last[0] in out.splitlines()  # uniform: ppl = V
+    assert out.rstrip().splitlines()[-1] == table.rstrip().splitlines()[-1]  # the table's last line ends the output
+    assert load_script("eval/extrapolate.py").main(argv) == 0
+    captured = capsys.readouterr()
+    assert "2 of 2 (run, length) rows were already in" in captured.err and last[0] in captured.out.splitlines()
+
+
 @pytest.mark.parametrize("field,section,flag,check", [
     ("lengths", {"lengths": [16, 48]}, {"lengths": [32]},
      lambda rows, flag: sorted(r["length"] for r in rows) == ([32] if flag else [16, 48])),

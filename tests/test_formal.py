@@ -603,7 +603,8 @@ def test_pilot_stable_step_and_recommended_steps() -> None:
     assert task_steps([(None, 6000)]) is None and task_steps([]) is None
 
 
-def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(tmp_path: Path) -> None:
+def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--time-to-solve E --check-lengths 1-6` logs the fit on every training length (tiny config: 1..6); pilot-steps
     --criterion check reads it, and refuses a check that reached past the training lengths (held-out lengths never
     choose a step count)."""
@@ -619,6 +620,12 @@ def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_r
                            "--check-lengths", "1-6"]) == 0
     rows = [json.loads(x) for x in (fit_dir / SOLVE_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 4, 6] and all(r["lengths"] == [1, 6, 6] for r in rows)
+    printed = capsys.readouterr().out.splitlines()[-1]  # the console's last line: the solve step and seconds
+    first = next((r for r in rows if r["score"] >= 0.99), None)
+    best = max(rows, key=lambda r: r["score"])
+    expected = (f"time to solve: step {first['step']}, {first['seconds']:.1f} s of training" if first else
+                f"not solved: best check score {best['score']:.3f} at step {best['step']} (< 0.99 on lengths 1..6")
+    assert printed.startswith(expected), printed
     assert all(r["loss"] > 0 and math.isfinite(r["loss"]) for r in rows)  # the fit check also logs its cross-entropy
     assert check_rows(rows, 1, 6, "x") == [{"step": r["step"], "acc": r["score"]} for r in rows]
     out = tmp_path / "pilot.md"
