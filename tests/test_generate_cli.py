@@ -19,6 +19,7 @@ from regulargpt.data import Tokenizer, load_manifest
 from regulargpt.errors import UserError
 from regulargpt.generation import SamplingConfig, generate
 from regulargpt.model import build_model
+from helpers import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +82,8 @@ def test_bad_input_is_one_error_line(run: Path, data_dir: Path, tmp_path: Path) 
     learned = _run_dir(tmp_path / "learned", data_dir, architecture="transformer", position="learned",
                        max_positions=16, n_layers=1)
     small = _run_dir(tmp_path / "small", data_dir, vocab_size=40)
+    classifier = tmp_path / "parity.pt"  # what launch/train_formal.py writes
+    save_model_file(classifier, tiny_cfg(), build_model(tiny_cfg().model))
     cli = _cli()
     cases = [
         ([str(run), "--prompt", ""], "prompt is empty"),
@@ -90,6 +93,8 @@ def test_bad_input_is_one_error_line(run: Path, data_dir: Path, tmp_path: Path) 
         ([str(tmp_path / "nothing"), "--prompt", "x"], "does not exist"),
         ([str(run), "--prompt", "x", "--tokenizer", str(tmp_path / "none.model")], "does not exist"),
         ([str(run), "--prompt", "x", "--stream", "--num-samples", "2"], "--num-samples 1"),
+        ([str(classifier), "--prompt", "x"], r"a sequence classifier \(head 'classifier'\), not a language model; "
+                                             r"perplexity and generation need"),
     ]
     for argv, message in cases:
         with pytest.raises(UserError, match=message):
