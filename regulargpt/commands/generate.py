@@ -7,13 +7,13 @@ Examples:
     python launch/generate.py runs/regular_gpt-seed0 --prompt "class " --num-samples 3 --temperature 1.2 --top-k 20
 
 Prints the prompt followed by its continuation (with --stream, token by token as it is generated), and on stderr
-which weights it used (step, sha256) and at the end the new tokens, tokens/s and the cache's size. Generation
-stops after --max-new-tokens tokens or at the tokenizer's end-of-text id. A run directory whose model.pt is older
-than the run's newest checkpoint is refused (export it again, or name the model file to use those weights). The tokenizer is the one the run's data
-manifest names (its config's data.path), or --tokenizer. Same seed, same output. RegularGPT decodes in constant
-time and memory per token under --depth-policy train; see docs/GENERATION.md. Bad input (an empty prompt, ids
-outside the vocabulary, more positions than a learned-position model has, temperature <= 0 without --greedy) is a
-one-line `error: ...` with exit status 2.
+which weights it used (step, sha256) and at the end the new tokens, tokens/s and the cache's size. Generation stops
+after --max-new-tokens tokens or at the tokenizer's end-of-text id. A run directory whose model.pt is older than the
+run's newest checkpoint is refused (export it again, or name the model file to use those weights). The tokenizer is
+the one the run's data manifest names (its config's data.path), or --tokenizer. Same seed, same output. RegularGPT
+decodes in constant time and memory per token under --depth-policy train; see docs/GENERATION.md. Bad input (an
+empty prompt, ids outside the vocabulary, more positions than a learned-position model has, temperature <= 0 without
+--greedy) is a one-line `error: ...` with exit status 2.
 """
 
 from __future__ import annotations
@@ -120,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
             print(tok.decode(prompt + visible(ids)), flush=True)
     new = sum(len(ids) for ids in samples)
     depth = f", depth policy {info.depth_override}" if info.depth_override else ""
+    rate = new / max(seconds, 1e-9)
     print(f"{info.path} ({info.label}, step {info.step}, weights sha256 {info.weights_sha256[:12]}{depth}): {new} new "
-          f"tokens ({args.num_samples} sample(s), prompt {len(prompt)}) in {seconds:.2f} s, {new / max(seconds, 1e-9):.1f}"
-          f" tokens/s with the prompt's prefill; cache {stats.cache_bytes / 2**20:.2f} MiB at {stats.positions} "
-          f"positions", file=sys.stderr)
+          f"tokens ({args.num_samples} sample(s), prompt {len(prompt)}) in {seconds:.2f} s, {rate:.1f} tokens/s with "
+          f"the prompt's prefill; cache {stats.cache_bytes / 2**20:.2f} MiB at {stats.positions} positions",
+          file=sys.stderr)
     return 0
 
 

@@ -11,10 +11,11 @@ Examples:
 Resuming and extending train on the run's own data.path (its config.resolved.json) unless --set data.path=… is
 given, so the data folder need not be repeated.
 
-Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
-model.pt at the end. Ends with a summary (steps, tokens, wall time, tokens/s, final train and val loss, where the
-checkpoint and model are) and the next commands (evaluate, generate; export for a stopped run). See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint
-by SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
+Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ +
+latest, model.pt at the end. Ends with a summary (steps, tokens, wall time, tokens/s, final train and val loss,
+where the checkpoint and model are) and the next commands (evaluate, generate; export for a stopped run). See
+docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint by
+SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
 config/data/checkpoint/setup error (one line `error: ...`, no traceback); 130 for Ctrl-C before training started.
 """
 
@@ -38,7 +39,7 @@ from regulargpt.config import Config, load_config  # noqa: E402
 def summary_lines(summary: dict[str, Any], cfg: Config, run_dir: Path) -> list[str]:
     """What a finished (or stopped) training invocation did and what to run next, e.g.::
 
-        runs/x: steps 0 → 300 of 300 in 92.1 s (307,200 tokens, 3,336 tokens/s); last train loss 4.1234, val loss 4.3456
+        runs/x: steps 0 → 300 of 300 in 92.1 s (307,200 tokens, 3,336 tokens/s); last train loss 4.1234, val …
         checkpoint runs/x/global_step300, model runs/x/model.pt
         next: python eval/extrapolate.py --runs runs/x --data data/stdlib-2k --out results/lm
               python launch/generate.py runs/x --prompt "def " --max-new-tokens 100

@@ -7,7 +7,8 @@ Example::
 
 Writes DIR/config.resolved.json, DIR/metrics.jsonl, DIR/ckpt.pt and finally DIR/model.pt (see
 regulargpt/train/formal_trainer.py); with --time-to-solve, DIR/time_to_solve.jsonl, and the solve step and seconds
-(or the best check score when it did not solve) are printed at the end. Evaluate with ``python eval/formal.py range --run DIR --out DIR/range.jsonl``.
+(or the best check score when it did not solve) are printed at the end. Evaluate with ``python eval/formal.py range
+--run DIR --out DIR/range.jsonl``.
 """
 
 from __future__ import annotations
