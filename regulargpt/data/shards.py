@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from regulargpt.data.sources import KNOWN_SOURCES, DataError, Source, load_documents, resolve_source
 from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
+from regulargpt.data.tokenizer_replacement import check_replacement
 from regulargpt.files import atomic_open, read_json_object, sha256_file
 
 if TYPE_CHECKING:
@@ -148,41 +149,11 @@ def _up_to_date(out: Path, fingerprint: str) -> dict | None:
     return manifest if tok.is_file() and sha256_file(tok) == manifest["tokenizer"]["sha256"] else None
 
 
-def _tokenizer_users(out: Path, sha: str) -> list[str]:
-    """The data folders beside `out` whose manifest names the tokenizer `sha` (e.g. prepared with --tokenizer)."""
-    users = []
-    for manifest in sorted(out.resolve().parent.glob(f"*/{MANIFEST}")):
-        if manifest.parent.resolve() == out.resolve():
-            continue
-        try:
-            if json.loads(manifest.read_text()).get("tokenizer", {}).get("sha256") == sha:
-                users.append(str(manifest.parent))
-        except (OSError, ValueError, AttributeError):
-            continue
-    return users
-
-
-def _check_tokenizer_replacement(out: Path, given: Tokenizer | None, force: bool, log: Callable[[str], None]) -> None:
-    """A rebuild of `out` that would replace its tokenizer (a new one trained, or another --tokenizer) needs `force`:
-    data folders tokenised with the old one and runs trained on it stop matching this folder. DataError naming the
-    tokenizer, the folders beside `out` that use it, and the two ways on; with `force`, one line saying what goes."""
+def _finished_manifest(out: Path) -> dict | None:
     try:
-        old = load_manifest(out)["tokenizer"]
-    except (DataError, KeyError, TypeError):
-        return  # no finished folder there: nothing to replace
-    if given is not None and given.sha256 == old.get("sha256"):
-        return
-    users = _tokenizer_users(out, old.get("sha256", ""))
-    what = (f"{out}/{old.get('file', TOKENIZER_FILE)} (sha256 {str(old.get('sha256'))[:12]}…"
-            + (f"; also used by {', '.join(users)}" if users else "") + ")")
-    new = f"--tokenizer {given.path}" if given is not None else "training a new tokenizer"
-    if force:
-        log(f"--force: replacing tokenizer {what} by {new}; runs trained on the old one no longer match {out}")
-        return
-    raise DataError(f"{out} already holds data tokenised with {what}; rebuilding it with these options means "
-                    f"{new}, and data folders prepared with the old one and runs trained on it would no longer "
-                    f"match it. Pass --force to replace it, or --out another folder (--tokenizer "
-                    f"{out}/{old.get('file', TOKENIZER_FILE)} keeps the old one)")
+        return load_manifest(out)
+    except DataError:
+        return None
 
 
 def _total(splits: dict[str, dict]) -> dict[str, int]:
@@ -259,7 +230,7 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
             if not force and (manifest := _up_to_date(out, fingerprint)) is not None:
                 log(f"{out} is up to date (input fingerprint {fingerprint[:12]}); nothing to do")
                 return manifest
-            _check_tokenizer_replacement(out, given, force, log)
+            check_replacement(out, _finished_manifest(out), given, force, log)
             (out / MANIFEST).unlink(missing_ok=True)  # while files are replaced the folder has no (stale) manifest
             docs = docs if docs is not None else load()
             if len(docs) < 3:

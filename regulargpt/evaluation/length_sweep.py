@@ -29,9 +29,9 @@ from torch import nn
 from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
-from regulargpt.evaluation.lm_report import row_key
-from regulargpt.files import read_json_object, read_jsonl
+from regulargpt.files import read_json_object
 from regulargpt.run_directory.layout import MODEL_FILE
+from regulargpt.evaluation.results_file import ResultsFile, is_done
 from regulargpt.evaluation.run_weights import check_fresh, weights_sha256
 from regulargpt.evaluation.perplexity import (
     EvalError,
@@ -218,41 +218,6 @@ def check_compatible(info: RunInfo, split: TokenSplit) -> None:
         split.check_token_range(vocab)
     except DataError as err:
         raise EvalError(str(err)) from None
-
-
-# ------------------------------------------------------------------------------------------------ results file
-
-
-class ResultsFile:
-    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; opening the file reads it with
-    :func:`regulargpt.files.read_jsonl` (a partial last line left by a crash is dropped and, with ``repair``, cut off
-    so the next append starts on a clean line; any other bad line is an error)."""
-
-    def __init__(self, path: str | Path, repair: bool = True) -> None:
-        self.path = Path(path)
-        self.rows: list[dict[str, Any]] = read_jsonl(self.path, repair=repair)
-
-    def latest(self) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """The last row written for every key."""
-        return {row_key(r): r for r in self.rows}
-
-    def append(self, row: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "ab") as f:
-            f.write((json.dumps(row, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        self.rows.append(row)
-
-
-def is_done(row: dict[str, Any] | None, memory_gb: float, weights: str = "") -> bool:
-    """A stored row counts as done unless it scored other weights than `weights` (rows written before the hash was
-    recorded count as the same weights) or was skipped for memory under a smaller budget than now."""
-    if row is None or (weights and row.get("weights_sha256", weights) != weights):
-        return False
-    if row.get("skipped") and row.get("skipped_for") == "memory":
-        return float(row.get("memory_gb", 0.0)) >= memory_gb
-    return True
 
 
 def result_row(info: RunInfo, dataset: str, split: str, plan: WindowPlan, protocol: Protocol,
