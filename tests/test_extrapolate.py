@@ -355,7 +355,7 @@ def test_rows_record_the_weights_hash_and_rows_of_other_weights_are_rescored(
     first = sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False)
     state = torch.load(run / "model.pt", weights_only=True)["state_dict"]
     assert {r["weights_sha256"] for r in first} == {weights_sha256(state)} and {r["step"] for r in first} == {10}
-    capsys.readouterr()
+    assert f"(ALiBi seed 0, step 10, weights {weights_sha256(state)[:12]})" in capsys.readouterr().out  # each line
     assert sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False) == []
     assert "2 of 2 (run, length) rows were already in" in capsys.readouterr().err
     copy = Path(_run(tmp_path / "copy", data, meta={"step": 10}))  # same seed → same weights, another file
