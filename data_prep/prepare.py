@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-proc", type=int, help="tokenising processes (default: all cores)")
     p.add_argument("--cache-dir",
                    help="Debian download cache (default $REGULARGPT_CACHE, else ~/.cache/regulargpt/debian)")
-    p.add_argument("--force", action="store_true", help="rebuild even if the folder is up to date")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even if the folder is up to date, and replace its tokenizer when these options "
+                        "train or name another one (refused without it: folders and runs built with the old one "
+                        "would stop matching)")
     args = p.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     prepare(args.source, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer, max_bytes=args.max_bytes,

@@ -65,6 +65,7 @@ def save_safetensors_file(path: str | Path, cfg: Config | FormalConfig, model: n
 
 def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",
                     model_overrides: dict[str, Any] | None = None,
+                    override_architectures: frozenset[str] | None = None,
                     ) -> tuple[Config | FormalConfig, nn.Module, dict[str, Any]]:
     """Load a model file → (config, model in eval mode, meta). Clear errors for missing/corrupt/mismatched files.
 
@@ -74,7 +75,8 @@ def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",
     :func:`regulargpt.config.config_from_saved`.
 
     `model_overrides` replaces inference-time model fields that change no weight, e.g. ``{"depth_policy": "train"}``
-    (the returned config carries them)."""
+    (the returned config carries them); with `override_architectures` only a model of one of those architectures
+    gets them (``frozenset({"regular_gpt"})``: an ALiBi run loads as saved)."""
     from regulargpt.model import build_model
 
     path = Path(path)
@@ -89,6 +91,10 @@ def load_model_file(path: str | Path, map_location: str | torch.device = "cpu",
     if payload.get("version") != _VERSION:
         raise CheckpointError(f"{path}: model file version {payload.get('version')!r}; this code reads {_VERSION}")
     raw = payload.get("config")
+    saved_model = raw.get("model") if isinstance(raw, dict) else None
+    architecture = saved_model.get("architecture", "regular_gpt") if isinstance(saved_model, dict) else None
+    if override_architectures is not None and architecture not in override_architectures:
+        model_overrides = None
     if model_overrides and isinstance(raw, dict):
         raw = {**raw, "model": {**raw.get("model", {}), **model_overrides}}
     model_raw = raw.get("model") if isinstance(raw, dict) else None

@@ -124,3 +124,17 @@ def test_every_script_that_imports_the_package_puts_its_checkout_first(script: s
     if first_import is None:
         pytest.skip(f"{script} imports regulargpt only inside functions or not at all")
     assert insert is not None and insert < first_import, script
+
+
+COMMAND_SOURCES = sorted([*(ROOT / "regulargpt" / "commands").glob("*.py"), ROOT / "data_prep" / "prepare.py"])
+
+
+@pytest.mark.parametrize("path", COMMAND_SOURCES, ids=lambda p: p.name)
+def test_help_examples_keep_their_line_continuations(path: Path) -> None:
+    """A `\\` ending a line of a (non-raw) docstring joins the lines in --help; the examples need `\\\\`."""
+    tree = ast.parse(path.read_text())
+    node = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
+    if node is None or not isinstance(node.value, ast.Constant) or not isinstance(node.value.value, str):
+        pytest.skip("no module docstring")
+    raw = ast.get_source_segment(path.read_text(), node.value) or ""
+    assert raw.count("\n") == node.value.value.count("\n"), f"{path}: a line continuation is swallowed in --help"

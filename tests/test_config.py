@@ -45,6 +45,10 @@ def test_extends_merges_recursively_and_overrides_convert_types(tmp_path):
                               "model.pad=mask", "train.zero_stage=2", "deepspeed.zero_optimization={\"stage\": 2}"])
     assert (cfg.model.d_model, cfg.model.chunk_size, cfg.model.thickness, cfg.model.pad) == (64, 3, 2, "mask")
     assert cfg.train.lr == 3e-4 and cfg.eval.lengths == [64, 128] and cfg.logging.wandb is False
+    for text in ("[64,128]", "[64, 128]", " [64,128] "):  # JSON's list syntax too
+        assert load_config(child, [f"eval.lengths={text}"]).eval.lengths == [64, 128]
+    with pytest.raises(ConfigError, match=r"eval.lengths=\[64,: cannot convert"):
+        load_config(child, ["eval.lengths=[64,"])
     assert cfg.deepspeed == {"zero_optimization": {"stage": 2}}
     formal = load_config(ROOT / "configs/formal/dyck_2.json", ["data.task_options={\"n\": 3}", "eval.max_length=90"],
                          FormalConfig)

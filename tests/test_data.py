@@ -146,8 +146,31 @@ def test_rerun_is_up_to_date_and_changes_are_noticed(txt_corpus: tuple[Path, lis
     assert time.perf_counter() - t0 < 1.0 and again == first
     assert "up to date" in messages[0]
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
-    changed = prepare(str(folder), out, vocab_size=400, seed=1, num_proc=1, log=messages.append)
+    changed = prepare(str(folder), out, vocab_size=400, seed=1, num_proc=1, log=messages.append, force=True)
     assert changed["input_fingerprint"] != first["input_fingerprint"] and "up to date" not in messages[-1]
+
+
+def test_replacing_a_tokenizer_needs_force_and_says_what_it_replaces(txt_corpus: tuple[Path, list[str]],
+                                                                      tmp_path: Path) -> None:
+    """Rebuilding a folder with options that train another tokenizer is refused before anything is touched, naming
+    the tokenizer and a sibling folder prepared with it; --force replaces it and says so; reusing the folder's own
+    tokenizer needs no --force."""
+    folder, _ = txt_corpus
+    out, sibling = tmp_path / "d", tmp_path / "other"
+    first = prepare(str(folder), out, vocab_size=400, num_proc=1, log=_quiet)
+    prepare(str(folder), sibling, tokenizer=out / "tokenizer.model", seed=3, num_proc=1, log=_quiet)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    old = first["tokenizer"]["sha256"][:12]
+    with pytest.raises(DataError, match=rf"already holds data tokenised with .*{old}.*also used by .*other.*--force"):
+        prepare(str(folder), out, vocab_size=450, num_proc=1, log=_quiet)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    same = prepare(str(folder), out, tokenizer=sibling / "tokenizer.model", seed=2, num_proc=1, log=_quiet)
+    assert same["tokenizer"]["sha256"] == first["tokenizer"]["sha256"]
+    messages: list[str] = []
+    replaced = prepare(str(folder), out, vocab_size=450, num_proc=1, log=messages.append, force=True)
+    assert replaced["tokenizer"]["sha256"] != first["tokenizer"]["sha256"]
+    assert any(m.startswith(f"--force: replacing tokenizer {out}/tokenizer.model (sha256 {old}") for m in messages)
+    assert any(m.startswith("warning: the val split has") for m in messages)  # 12 short documents
 
 
 def test_outputs_are_byte_identical_across_runs_and_num_proc(txt_corpus: tuple[Path, list[str]],
@@ -196,7 +219,7 @@ def test_prepare_crash_mid_write_leaves_files_intact(txt_corpus: tuple[Path, lis
 
     monkeypatch.setattr(shards, "_write_tokens", half_then_crash)
     with pytest.raises(OSError, match="simulated"):
-        prepare(str(folder), out, vocab_size=400, seed=5, num_proc=1, log=_quiet)
+        prepare(str(folder), out, vocab_size=400, seed=5, num_proc=1, log=_quiet, force=True)
     assert {p.name: p.read_bytes() for p in out.glob("*.bin")} == before
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp")) and not list(out.glob(".work-*"))
     with pytest.raises(DataError, match="has no manifest.json"):  # never a stale manifest over mixed files
@@ -209,8 +232,11 @@ def _arange_folder(tmp_path: Path, n: int = 10) -> Path:
 
 
 def test_manifest_errors(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"data folder .*nowhere does not exist; run `python data_prep/prepare.py"):
+    with pytest.raises(DataError, match=r"data folder .*nowhere does not exist; run `python data_prep/prepare.py "
+                                        r"--source python-stdlib"):
         load_manifest(tmp_path / "nowhere")
+    with pytest.raises(DataError, match=r"prepare.py --source debian-prose --out .*debian-prose --vocab-size 8000"):
+        load_manifest(tmp_path / "debian-prose", vocab_size=8000)  # the source its name says
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="has no manifest.json"):
         load_manifest(tmp_path / "empty")

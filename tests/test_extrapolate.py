@@ -158,8 +158,8 @@ def test_clear_errors(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     with pytest.raises(EvalError, match="no model.pt"):
         sweep([str(tmp_path)], data, "test", [16], tmp_path / "out", progress=False)
     other = _write_data(tmp_path / "other", np.arange(200) % VOCAB, tokenizer=b"another tokenizer")
-    with pytest.raises(EvalError, match="tokenizer sha256"):
-        sweep([run], other, "test", [16], tmp_path / "out", progress=False)
+    with pytest.raises(EvalError, match=rf"tokenizer sha256.*prepare.py --tokenizer {data}/tokenizer.model …"):
+        sweep([run], other, "test", [16], tmp_path / "out", progress=False)  # the file the run's data folder holds
     stamped = _run(tmp_path / "stamped", data, meta={"tokenizer_sha256": "0" * 64})
     with pytest.raises(EvalError, match="tokenizer sha256 000000000000"):
         sweep([stamped], data, "test", [16], tmp_path / "out", progress=False)
@@ -272,6 +272,23 @@ def test_console_lines_name_the_run_directory(data: Path, tmp_path: Path, capsys
     assert "my-run-dir" in captured.out + captured.err
 
 
+
+def test_the_command_ends_with_the_table_and_a_rerun_says_what_it_skipped(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The console's last lines are table.md's table; a rerun scores nothing and says how many rows it kept."""
+    run = _run(tmp_path / "r", data, uniform=True)
+    argv = ["--runs", run, "--data", str(data), "--out", str(tmp_path / "out"), "--lengths", "16,32", "--no-progress"]
+    assert load_script("eval/extrapolate.py").main(argv) == 0
+    out = capsys.readouterr().out
+    table = (tmp_path / "out" / "table.md").read_text()
+    last = [line for line in table.splitlines() if line.startswith("| ALiBi")]
+    assert last == ["| ALiBi | 0.006M | 1 | 61.00 | 61.00 |"] and last[0] in out.splitlines()  # uniform: ppl = V
+    assert out.rstrip().splitlines()[-1] == table.rstrip().splitlines()[-1]  # the table's last line ends the output
+    assert load_script("eval/extrapolate.py").main(argv) == 0
+    captured = capsys.readouterr()
+    assert "2 of 2 (run, length) rows were already in" in captured.err and last[0] in captured.out.splitlines()
+
+
 @pytest.mark.parametrize("field,section,flag,check", [
     ("lengths", {"lengths": [16, 48]}, {"lengths": [32]},
      lambda rows, flag: sorted(r["length"] for r in rows) == ([32] if flag else [16, 48])),
@@ -301,6 +318,58 @@ def test_bad_eval_values_are_one_line_errors(data: Path, tmp_path: Path) -> None
     run = _run_cfg(tmp_path / "run", data)
     with pytest.raises(EvalError, match="lengths"):
         sweep_runs([run], data, "test", tmp_path / "out", {"lengths": [0]}, progress=False)
-    with pytest.raises(EvalError, match="depth"):
-        sweep([_run(tmp_path / "dense", data)], data, "test", [16], tmp_path / "o2", progress=False,
-              depth_policy="train")
+
+
+# ------------------------------------------------------------------------------------------- which weights
+
+
+def _checkpoint_at(run: Path, step: int) -> None:
+    """What `latest_step` reads of a training run: a global_step<N>/ folder named by `latest`."""
+    (run / f"global_step{step}").mkdir()
+    (run / "latest").write_text(f"global_step{step}")
+
+
+def test_a_model_pt_older_than_the_runs_newest_checkpoint_is_refused_and_a_named_file_is_noted(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exported at step 65, resumed to a checkpoint at step 96: the run directory is refused (naming both steps
+    and the export command); the file named explicitly is scored with a note, and its rows say step 65."""
+    from regulargpt.evaluation.run_weights import StaleModelError
+
+    run = Path(_run(tmp_path / "r", data, meta={"step": 65}))
+    _checkpoint_at(run, 96)
+    with pytest.raises(StaleModelError, match=r"step 65.*newest checkpoint is step 96.*launch/export\.py"):
+        sweep([str(run)], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+    rows = sweep([str(run / "model.pt")], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False)
+    assert "holds the weights of step 65; the run's newest checkpoint is step 96" in capsys.readouterr().err
+    assert [r["step"] for r in rows] == [65]
+
+
+def test_rows_record_the_weights_hash_and_rows_of_other_weights_are_rescored(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hash is the same for the same weights saved twice, differs when one weight changes, and a rerun into the
+    same folder after a re-export rescores the run instead of keeping the old weights' rows."""
+    from regulargpt.evaluation.run_weights import weights_sha256
+
+    run = Path(_run(tmp_path / "r", data, meta={"step": 10}))
+    first = sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False)
+    state = torch.load(run / "model.pt", weights_only=True)["state_dict"]
+    assert {r["weights_sha256"] for r in first} == {weights_sha256(state)} and {r["step"] for r in first} == {10}
+    assert f"(ALiBi seed 0, step 10, weights {weights_sha256(state)[:12]})" in capsys.readouterr().out  # each line
+    assert sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False) == []
+    assert "2 of 2 (run, length) rows were already in" in capsys.readouterr().err
+    copy = Path(_run(tmp_path / "copy", data, meta={"step": 10}))  # same seed → same weights, another file
+    assert weights_sha256(torch.load(copy / "model.pt", weights_only=True)["state_dict"]) == weights_sha256(state)
+    changed = dict(state, **{"head.proj.weight": state["head.proj.weight"] + 1e-3})
+    assert weights_sha256(changed) != weights_sha256(state)
+    _run(tmp_path / "r", data, seed=1, meta={"step": 20})  # the run exported again, at a later step
+    second = sweep([str(run)], data, "test", [TRAIN_LEN, 2 * TRAIN_LEN], tmp_path / "out", progress=False)
+    assert [r["step"] for r in second] == [20, 20] and second[0]["weights_sha256"] != first[0]["weights_sha256"]
+    assert [r["step"] for r in load_rows(tmp_path / "out" / "results.jsonl")] == [10, 10, 20, 20]
+
+
+def test_depth_policy_applies_to_regular_gpt_runs_and_leaves_the_others_alone(data: Path, tmp_path: Path) -> None:
+    alibi = _run(tmp_path / "alibi", data)
+    rgpt = _run(tmp_path / "rgpt", data, architecture="regular_gpt", position="none")
+    rows = sweep([alibi, rgpt], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False, depth_policy="train")
+    assert [(r["run"], r["depth_policy"]) for r in rows] == [(alibi, None), (rgpt, "train")]

@@ -244,6 +244,37 @@ def test_kept_run_records_carry_runs_whose_folders_are_gone(tmp_path: Path) -> N
     assert "Stale (not counted): 1 runs" in text and "pending (0 of 2)" in text
 
 
+def test_an_unchanged_table_is_left_byte_identical_and_a_changed_one_says_what_changed(tmp_path: Path) -> None:
+    """Aggregating again (another command, same runs) leaves both tables' bytes alone and says so; one more run
+    rewrites them with a line naming the added run and the cell whose mean and run count moved."""
+    runs = tmp_path / "runs"
+    _fake_run(runs, "regular_gpt_c2", 0, {None: 1.0, 0.1: 0.8})
+    profile = Profile(name="quick", description="", tasks=["parity_check"], models=["regular_gpt_c2"],
+                      seeds=[0, 1], table2_task="parity_check", table2_p_one=[0.1, 0.5])
+    messages: list[str] = []
+    paths = write_tables(runs, profile, tmp_path / "out", command=["first"], log=messages.append)
+    assert messages == [f"{paths[0]}: a new table", f"{paths[2]}: a new table"]
+    before = {p: p.read_bytes() for p in paths}
+    messages.clear()
+    write_tables(runs, profile, tmp_path / "out", command=["second", "command"], log=messages.append)
+    assert {p: p.read_bytes() for p in paths} == before
+    assert messages == [f"{p}: unchanged but for its provenance stamp; left as it was" for p in (paths[0], paths[2])]
+    _fake_run(runs, "regular_gpt_c2", 1, {None: 0.6, 0.1: 0.5})
+    messages.clear()
+    write_tables(runs, profile, tmp_path / "out", command=["third"], log=messages.append)
+    assert messages[0] == (f"{paths[0]}: 1 run added (parity_check/regular_gpt_c2/seed1_lr0.01); 1 cell changed: "
+                           f"parity_check regular_gpt_c2 max 1 → 1, mean 1 → 0.8, runs 1 → 2")
+    assert "cells changed" in messages[1] and "train_lengths regular_gpt_c2 0.1" in messages[1]
+
+
+def test_aggregate_with_a_missing_runs_folder_is_an_error_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "tables"
+    with pytest.raises(ConfigError, match=r"--runs .*nowhere: no such folder"):
+        load_script("eval/formal.py").main(["aggregate", "--runs", str(tmp_path / "nowhere"), "--profile", "cpu",
+                                            "--out-dir", str(out), "--configs", str(CONFIGS)])
+    assert not out.exists()
+
+
 def test_range_rows_hold_the_cross_entropy(tmp_path: Path) -> None:
     """A classifier with a zeroed output layer gives equal logits: every string's loss is ln(classes) exactly."""
     cfg = tiny_cfg()
@@ -572,7 +603,8 @@ def test_pilot_stable_step_and_recommended_steps() -> None:
     assert task_steps([(None, 6000)]) is None and task_steps([]) is None
 
 
-def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(tmp_path: Path) -> None:
+def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--time-to-solve E --check-lengths 1-6` logs the fit on every training length (tiny config: 1..6); pilot-steps
     --criterion check reads it, and refuses a check that reached past the training lengths (held-out lengths never
     choose a step count)."""
@@ -588,6 +620,12 @@ def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_r
                            "--check-lengths", "1-6"]) == 0
     rows = [json.loads(x) for x in (fit_dir / SOLVE_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 4, 6] and all(r["lengths"] == [1, 6, 6] for r in rows)
+    printed = capsys.readouterr().out.splitlines()[-1]  # the console's last line: the solve step and seconds
+    first = next((r for r in rows if r["score"] >= 0.99), None)
+    best = max(rows, key=lambda r: r["score"])
+    expected = (f"time to solve: step {first['step']}, {first['seconds']:.1f} s of training" if first else
+                f"not solved: best check score {best['score']:.3f} at step {best['step']} (< 0.99 on lengths 1..6")
+    assert printed.startswith(expected), printed
     assert all(r["loss"] > 0 and math.isfinite(r["loss"]) for r in rows)  # the fit check also logs its cross-entropy
     assert check_rows(rows, 1, 6, "x") == [{"step": r["step"], "acc": r["score"]} for r in rows]
     out = tmp_path / "pilot.md"

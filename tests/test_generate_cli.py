@@ -19,6 +19,7 @@ from regulargpt.data import Tokenizer, load_manifest
 from regulargpt.errors import UserError
 from regulargpt.generation import SamplingConfig, generate
 from regulargpt.model import build_model
+from helpers import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +82,8 @@ def test_bad_input_is_one_error_line(run: Path, data_dir: Path, tmp_path: Path) 
     learned = _run_dir(tmp_path / "learned", data_dir, architecture="transformer", position="learned",
                        max_positions=16, n_layers=1)
     small = _run_dir(tmp_path / "small", data_dir, vocab_size=40)
+    classifier = tmp_path / "parity.pt"  # what launch/train_formal.py writes
+    save_model_file(classifier, tiny_cfg(), build_model(tiny_cfg().model))
     cli = _cli()
     cases = [
         ([str(run), "--prompt", ""], "prompt is empty"),
@@ -90,6 +93,8 @@ def test_bad_input_is_one_error_line(run: Path, data_dir: Path, tmp_path: Path) 
         ([str(tmp_path / "nothing"), "--prompt", "x"], "does not exist"),
         ([str(run), "--prompt", "x", "--tokenizer", str(tmp_path / "none.model")], "does not exist"),
         ([str(run), "--prompt", "x", "--stream", "--num-samples", "2"], "--num-samples 1"),
+        ([str(classifier), "--prompt", "x"], r"a sequence classifier \(head 'classifier'\), not a language model; "
+                                             r"perplexity and generation need"),
     ]
     for argv, message in cases:
         with pytest.raises(UserError, match=message):
@@ -99,3 +104,23 @@ def test_bad_input_is_one_error_line(run: Path, data_dir: Path, tmp_path: Path) 
                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: the prompt")
 
+
+
+def test_stale_model_pt_is_refused_and_stderr_names_the_weights_and_the_speed(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model.pt exported at step 0 in a run whose newest checkpoint is step 96 is refused; the file named
+    explicitly generates, and stderr says which weights (step, sha256), the note, tokens/s and the cache size."""
+    from regulargpt.evaluation.run_weights import weights_sha256
+
+    run = _run_dir(tmp_path / "run", data_dir, depth_policy="train")
+    saved = torch.load(run / "model.pt", weights_only=True)
+    torch.save({**saved, "meta": {"step": 0}}, run / "model.pt")  # as launch/export.py writes it at step 0
+    (run / "global_step96").mkdir()
+    (run / "latest").write_text("global_step96")
+    with pytest.raises(UserError, match=r"step 0, but the run's newest checkpoint is step 96"):
+        _cli().main([str(run), "--prompt", "x"])
+    assert _cli().main([str(run / "model.pt"), "--prompt", "def ", "--max-new-tokens", "5", "--greedy"]) == 0
+    err = capsys.readouterr().err
+    sha = weights_sha256(torch.load(run / "model.pt", weights_only=True)["state_dict"])
+    assert f"step 0, weights sha256 {sha[:12]}" in err and "the run's newest checkpoint is step 96" in err
+    assert "tokens/s" in err and " MiB at " in err

@@ -136,6 +136,22 @@ COSINE = ["train.steps=8", "train.schedule=cosine", "train.warmup_fraction=0.25"
           "train.save_every=4", "train.eval_every=4", "train.keep_last=3"]
 
 
+def test_resuming_reads_the_runs_data_path_unless_one_is_set(tmp_path: Path) -> None:
+    from regulargpt.config import load_config, save_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    trained = load_config(ROOT / "configs/tiny/regular_gpt.json", ["data.path=data/stdlib-2k"])
+    save_config(trained, run_dir / "config.resolved.json")
+    again = load_config(ROOT / "configs/tiny/regular_gpt.json")  # configs/base.json's data/python-stdlib
+    cfg, note = rd.with_saved_data_path(run_dir, again, [])
+    assert cfg.data.path == "data/stdlib-2k" and note is not None and "data.path=data/stdlib-2k" in note
+    assert cfg == trained
+    moved = load_config(ROOT / "configs/tiny/regular_gpt.json", ["data.path=/scratch/stdlib-2k"])
+    assert rd.with_saved_data_path(run_dir, moved, ["data.path=/scratch/stdlib-2k"]) == (moved, None)
+    assert rd.with_saved_data_path(tmp_path / "fresh", again, []) == (again, None)
+
+
 @pytest.mark.slow
 def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(data_dir: Path, tmp_path: Path) -> None:
     """8 steps (warmup 2, cosine to 0.1·lr at the last step), then --extend-to 16: the LR goes from the minimum back
@@ -153,10 +169,12 @@ def test_extend_a_finished_run_replans_the_lr_and_continues_data_and_metrics(dat
     more = dataclasses.replace(base, train=dataclasses.replace(base.train, steps=16))
     with pytest.raises(TrainError, match=r"train.steps: run has 8, now 16.*pass --extend-to N \(it has 8\)"):
         rd.check_or_write_config(run_dir, more, write=False)  # raising train.steps alone is still refused
-    cmd = pretrain_cmd(1) + pretrain_args(data_dir, run_dir, *COSINE)
+    sets = [arg for item in [*TINY, *COSINE] for arg in ("--set", item)]  # no data.path: the run's is used
+    cmd = pretrain_cmd(1) + ["--config", str(ROOT / "configs/tiny/regular_gpt.json"), "--run-dir", str(run_dir), *sets]
     extended = subprocess.run(cmd + ["--extend-to", "16"], cwd=ROOT, env=run_env(), capture_output=True, text=True,
                               timeout=240)
     assert extended.returncode == 0, extended.stderr[-3000:]
+    assert f"data.path={data_dir} (the run's, from its config.resolved.json" in extended.stderr
     assert "extending the finished run from step 8 to 16 (LR from 0.0003 back to 0.003 over 2 step(s), then " \
            "cosine to 0.0003 at step 16)" in extended.stderr
 

@@ -94,7 +94,12 @@ def test_zero3_loss_falls_keeps_last_k_and_exports_a_loadable_model(zero3_run, d
 @pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_path):
     ref = tmp_path / "ref"
-    pretrain(data_dir, ref)
+    done = pretrain(data_dir, ref).stderr
+    last = read_metrics(ref)[-1]  # the summary: 12 steps x 4 windows x 32 tokens, the last logged losses
+    assert (f"{ref}: steps 0 → 12 of 12 in " in done and "(1,536 tokens, " in done
+            and f"last train loss {last['loss']:.4f}, val loss {last['val_loss']:.4f}" in done)
+    assert f"checkpoint {ref}/global_step12, model {ref}/model.pt\nnext: python eval/extrapolate.py --runs {ref} " \
+           f"--data {data_dir} --out results/lm\n      python launch/generate.py {ref}" in done
     run_dir = tmp_path / "killed"
     proc = interrupt(pretrain_cmd(1) + pretrain_args(data_dir, run_dir), run_dir, signal.SIGKILL, after_latest=3)
     assert proc.returncode == -signal.SIGKILL

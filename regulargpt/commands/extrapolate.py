@@ -10,8 +10,11 @@ Examples:
 Lengths, protocol, stride, tokens and memory budget default to each run's saved config (its `eval` section: the tiny
 configs say 64…2048, configs/base.json 512…16384); a flag overrides that field for every run.
 
-Writes OUT/results.jsonl (one row per run × length; rows already there are not recomputed), then OUT/table.md,
-OUT/ppl_vs_length.png and OUT/loss_vs_position.png from every row in the file.
+Writes OUT/results.jsonl (one row per run × length, with the step and weights sha256 it scored; rows already there
+for the same weights are not recomputed, and the sweep says how many), then OUT/table.md, OUT/ppl_vs_length.png and
+OUT/loss_vs_position.png from every row in the file, and prints the tables. A run directory whose model.pt is older
+than the run's newest checkpoint is refused (export it again, or name the model.pt to score those weights);
+--depth-policy applies to the RegularGPT runs among --runs, the others are scored as they are.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 
 from regulargpt.checkpoint import CheckpointError
 from regulargpt.cli import non_negative_int, positive_float, positive_ints, run
-from regulargpt.evaluation.lm_report import load_rows, write_report
+from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
 
@@ -65,8 +68,9 @@ def parser() -> argparse.ArgumentParser:
                    help="activation memory budget; sets the batch size, and a length whose single window needs more "
                         "gets a skipped row (default: the run's eval.memory_gb), e.g. --memory-gb 16")
     p.add_argument("--depth-policy", choices=("adaptive", "train", "per_position"), default=None,
-                   help="score RegularGPT runs with this depth policy instead of their own (same weights; rows are "
-                        "labelled depth=POLICY), e.g. --depth-policy train")
+                   help="score the RegularGPT runs among --runs with this depth policy instead of their own (same "
+                        "weights; rows are labelled depth=POLICY; other runs are scored as they are), e.g. "
+                        "--depth-policy train")
     p.add_argument("--batch-size", type=non_negative_int, default=0,
                    help="windows per forward, capped by --memory-gb (default 0 = the largest that fits), e.g. --batch-size 1")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
@@ -87,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if rank == 0:
-        write_report(load_rows(Path(args.out) / "results.jsonl"), args.out, command)
-        print(f"wrote {args.out}/results.jsonl, table.md, ppl_vs_length.png, loss_vs_position.png")
+        rows = load_rows(Path(args.out) / "results.jsonl")
+        write_report(rows, args.out, command)
+        print(f"wrote {args.out}/results.jsonl, table.md, ppl_vs_length.png, loss_vs_position.png\n")
+        print(console_tables(rows), flush=True)
     return 0
 
 

@@ -21,13 +21,13 @@ Subcommands (each resumable; rerun the same command to continue)::
     python eval/formal.py pilot-steps --runs /tmp/pilot/tomita_3-s0 /tmp/pilot/dyck_2-s0
 
     # a task's learning rate from training-length validation: sweep the candidates, then the lowest mean loss
-    python eval/formal.py sweep --profile cpu --tasks even_pairs --models regular_gpt_c2 --lrs 3e-4 1e-3 3e-3 \
+    python eval/formal.py sweep --profile cpu --tasks even_pairs --models regular_gpt_c2 --lrs 3e-4 1e-3 3e-3 \\
         --out runs/lr_even_pairs
     python eval/formal.py choose-lr --runs runs/lr_even_pairs/even_pairs/regular_gpt_c2/seed*
 
     # one long run per seed (Modular Arithmetic: the authors trained 1M steps), seeds in turn in slices of 1,000
     # steps, the held-out score every 500; the report is rewritten after every slice; stop any time, rerun to go on
-    python eval/formal.py long-run --task modular_arithmetic_5 --steps 100000 --hours 1 \
+    python eval/formal.py long-run --task modular_arithmetic_5 --steps 100000 --hours 1 \\
         --out results/formal/modular_arithmetic_5_long.md
 """
 
@@ -120,6 +120,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    if not Path(args.runs).is_dir():  # a typo must not rewrite the committed tables from the kept records alone
+        raise ConfigError(f"--runs {args.runs}: no such folder; pass the runs folder of a sweep (`python "
+                          f"eval/formal.py sweep --profile {args.profile} --out {args.runs}` makes it)")
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.runs, configs_dir=args.configs)
     keep = None if args.fresh else _table_json("--keep", args.keep, Path(args.out_dir) / f"table1_{profile.name}.json")

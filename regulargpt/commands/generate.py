@@ -6,18 +6,22 @@ Examples:
     python launch/generate.py runs/regular_gpt-seed0 --prompt "import " --greedy --stream --depth-policy train
     python launch/generate.py runs/regular_gpt-seed0 --prompt "class " --num-samples 3 --temperature 1.2 --top-k 20
 
-Prints the prompt followed by its continuation (with --stream, token by token as it is generated). Generation
-stops after --max-new-tokens tokens or at the tokenizer's end-of-text id. The tokenizer is the one the run's data
-manifest names (its config's data.path), or --tokenizer. Same seed, same output. RegularGPT decodes in constant
-time and memory per token under --depth-policy train; see docs/GENERATION.md. Bad input (an empty prompt, ids
-outside the vocabulary, more positions than a learned-position model has, temperature <= 0 without --greedy) is a
-one-line `error: ...` with exit status 2.
+Prints the prompt followed by its continuation (with --stream, token by token as it is generated), and on stderr
+which weights it used (step, sha256) and at the end the new tokens, tokens/s and the cache's size. Generation stops
+after --max-new-tokens tokens or at the tokenizer's end-of-text id. A run directory whose model.pt is older than the
+run's newest checkpoint is refused (export it again, or name the model file to use those weights). The tokenizer is
+the one the run's data manifest names (its config's data.path), or --tokenizer. Same seed, same output. RegularGPT
+decodes in constant time and memory per token under --depth-policy train; see docs/GENERATION.md. Bad input (an
+empty prompt, ids outside the vocabulary, more positions than a learned-position model has, temperature <= 0 without
+--greedy) is a one-line `error: ...` with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -79,6 +83,7 @@ class _Printer:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from regulargpt.generation import GenerationError, SamplingConfig, generate
+    from regulargpt.generation.generate import GenerationStats
     from regulargpt.generation.loading import find_tokenizer, load_model
 
     if args.stream and args.num_samples != 1:
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy)
     info = load_model(args.model, args.depth_policy, args.device, args.dtype)
     tok = find_tokenizer(info, args.tokenizer)
+    if info.note:
+        print(info.note, file=sys.stderr, flush=True)
     prompt = tok.encode(text)
     eos = tok.eos_id
 
@@ -99,15 +106,25 @@ def main(argv: list[str] | None = None) -> int:
         return ids[:-1] if ids and ids[-1] == eos else ids
 
     printer = _Printer(tok.decode, prompt) if args.stream else None
+    stats, start = GenerationStats(), time.perf_counter()
     samples = generate(info.model, prompt, args.max_new_tokens, sampling, seed=args.seed, num_samples=args.num_samples,
-                       eos_id=eos, on_tokens=None if printer is None else lambda ids: printer.add(visible(ids)))
+                       eos_id=eos, on_tokens=None if printer is None else lambda ids: printer.add(visible(ids)),
+                       stats=stats)
+    seconds = time.perf_counter() - start
     if printer is not None:
         printer.finish()
-        return 0
-    for i, ids in enumerate(samples):
-        if args.num_samples > 1:
-            print(f"--- sample {i + 1} of {args.num_samples} ---")
-        print(tok.decode(prompt + visible(ids)), flush=True)
+    else:
+        for i, ids in enumerate(samples):
+            if args.num_samples > 1:
+                print(f"--- sample {i + 1} of {args.num_samples} ---")
+            print(tok.decode(prompt + visible(ids)), flush=True)
+    new = sum(len(ids) for ids in samples)
+    depth = f", depth policy {info.depth_override}" if info.depth_override else ""
+    rate = new / max(seconds, 1e-9)
+    print(f"{info.path} ({info.label}, step {info.step}, weights sha256 {info.weights_sha256[:12]}{depth}): {new} new "
+          f"tokens ({args.num_samples} sample(s), prompt {len(prompt)}) in {seconds:.2f} s, {rate:.1f} tokens/s with "
+          f"the prompt's prefill; cache {stats.cache_bytes / 2**20:.2f} MiB at {stats.positions} positions",
+          file=sys.stderr)
     return 0
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from regulargpt.cli import positive_float, positive_int, run
+from regulargpt.evaluation.lm_report import console_tables, load_rows
 from regulargpt.experiments.lm_comparison import (
     DEMO,
     STUDIES,
@@ -101,6 +102,10 @@ def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool) -> 
         failed = train_all(plan, evaluate_and_report)
         evaluate_all(plan, memory_gb)
     write_readme(plan, counts, command, failed, None if report_only else started)
+    for dataset in plan.datasets:  # the tables README.md holds, on the console too
+        path = plan.out / dataset / "results.jsonl"
+        if path.is_file():
+            print("\n" + console_tables(load_rows(path)), flush=True)
     return failed
 
 

@@ -6,11 +6,16 @@ Examples:
     deepspeed --num_gpus 2 launch/pretrain.py --config configs/tiny/alibi.json    # CPU: 2 processes (gloo)
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
-    python launch/pretrain.py --config configs/tiny/regular_gpt.json --set data.path=data/tiny --extend-to 600
+    python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 600
 
-Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
-model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint
-by SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
+Resuming and extending train on the run's own data.path (its config.resolved.json) unless --set data.path=… is
+given, so the data folder need not be repeated.
+
+Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ +
+latest, model.pt at the end. Ends with a summary (steps, tokens, wall time, tokens/s, final train and val loss,
+where the checkpoint and model are) and the next commands (evaluate, generate; export for a stopped run). See
+docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint by
+SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
 config/data/checkpoint/setup error (one line `error: ...`, no traceback); 130 for Ctrl-C before training started.
 """
 
@@ -20,7 +25,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. On a shared or oversubscribed CPU,
 # spinning threads made a tiny run ~20x slower (14 s vs 0.7 s per step, measured); on an idle machine it costs ~nothing.
@@ -28,7 +33,35 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 PARENT_AT_START = os.getppid()  # before the slow imports: a launcher killed meanwhile is noticed (train/stopping.py)
 
 from regulargpt.cli import positive_int, run  # noqa: E402
-from regulargpt.config import load_config  # noqa: E402
+from regulargpt.config import Config, load_config  # noqa: E402
+
+
+def summary_lines(summary: dict[str, Any], cfg: Config, run_dir: Path) -> list[str]:
+    """What a finished (or stopped) training invocation did and what to run next, e.g.::
+
+        runs/x: steps 0 → 300 of 300 in 92.1 s (307,200 tokens, 3,336 tokens/s); last train loss 4.1234, val …
+        checkpoint runs/x/global_step300, model runs/x/model.pt
+        next: python eval/extrapolate.py --runs runs/x --data data/stdlib-2k --out results/lm
+              python launch/generate.py runs/x --prompt "def " --max-new-tokens 100
+    """
+    start, step, seconds = summary["start_step"], summary["step"], summary["seconds"]
+    tokens = (step - start) * summary["tokens_per_step"]
+    losses = ", ".join(f"{name} {summary[key]:.4f}" for key, name in (("loss", "last train loss"),
+                                                                        ("val_loss", "val loss"))
+                       if summary.get(key) is not None)
+    done = (f"{run_dir}: steps {start} → {step} of {cfg.train.steps} in {seconds:.1f} s ({tokens:,} tokens, "
+            f"{tokens / max(seconds, 1e-9):,.0f} tokens/s)" + (f"; {losses}" if losses else "")
+            if step > start else f"{run_dir}: nothing to train (at step {step} of {cfg.train.steps})")
+    model = run_dir / "model.pt"
+    lines = [done, f"checkpoint {run_dir / f'global_step{step}'}" + (f", model {model}" if model.is_file() else "")]
+    if summary["preempted"]:
+        return lines
+    data = f" --data {cfg.data.path}" if cfg.data.path else ""
+    nexts = [f"python eval/extrapolate.py --runs {run_dir}{data} --out results/lm",
+             f'python launch/generate.py {run_dir} --prompt "def " --max-new-tokens 100']
+    if not model.is_file():
+        nexts.insert(0, f"python launch/export.py {run_dir}")
+    return lines + ["next: " + nexts[0], *("      " + n for n in nexts[1:])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,12 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, args.set)
     from regulargpt.train import default_run_dir, train
 
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
-    if args.extend_to is not None:
-        from regulargpt.run_directory import extension_config
+    from regulargpt.run_directory import extension_config, with_saved_data_path
 
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
+    cfg, note = with_saved_data_path(run_dir, cfg, args.set)
+    if note and rank == 0:
+        print(note, file=sys.stderr, flush=True)
+    if args.extend_to is not None:
         cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)
+    if rank == 0:
+        print("\n".join(summary_lines(summary, cfg, run_dir)), file=sys.stderr, flush=True)
     if rank == 0 and summary["preempted"]:
         print(f"stopped at step {summary['step']} ({summary['stop_reason'] or 'on another rank'}); checkpoint saved "
               f"in {run_dir}; rerun the same command to resume: {summary['resume_command']}", file=sys.stderr)

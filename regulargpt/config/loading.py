@@ -146,8 +146,13 @@ def _load_raw(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
 def _parse_override_value(text: str, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     try:
-        if origin is list:
+        if origin is list:  # 64,128 or JSON's [64, 128]
             inner = typing.get_args(tp)[0]
+            if text.strip().startswith("["):
+                items = json.loads(text)
+                if not isinstance(items, list):
+                    raise ValueError
+                return [_parse_override_value(str(t) if not isinstance(t, str) else t, inner, where) for t in items]
             return [_parse_override_value(t.strip(), inner, where) for t in text.split(",") if t.strip()]
         if origin is dict:
             return json.loads(text)

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from tqdm.auto import tqdm
 
-from regulargpt.data.sources import DataError, Source, load_documents, resolve_source
+from regulargpt.data.sources import KNOWN_SOURCES, DataError, Source, load_documents, resolve_source
 from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
+from regulargpt.data.tokenizer_replacement import check_replacement
 from regulargpt.files import atomic_open, read_json_object, sha256_file
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.model"
+# A split shorter than one training window of configs/base.json (T = 512, plus the target) is worth a warning:
+# training refuses a split shorter than data.seq_len + 1, and evaluation scores no window longer than it.
+TYPICAL_WINDOW = 512 + 1
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -145,6 +149,13 @@ def _up_to_date(out: Path, fingerprint: str) -> dict | None:
     return manifest if tok.is_file() and sha256_file(tok) == manifest["tokenizer"]["sha256"] else None
 
 
+def _finished_manifest(out: Path) -> dict | None:
+    try:
+        return load_manifest(out)
+    except DataError:
+        return None
+
+
 def _total(splits: dict[str, dict]) -> dict[str, int]:
     return {key: sum(int(v[key]) for v in splits.values()) for key in ("tokens", "documents", "chars")}
 
@@ -219,6 +230,7 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
             if not force and (manifest := _up_to_date(out, fingerprint)) is not None:
                 log(f"{out} is up to date (input fingerprint {fingerprint[:12]}); nothing to do")
                 return manifest
+            check_replacement(out, _finished_manifest(out), given, force, log)
             (out / MANIFEST).unlink(missing_ok=True)  # while files are replaced the folder has no (stale) manifest
             docs = docs if docs is not None else load()
             if len(docs) < 3:
@@ -266,6 +278,12 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
         log(f"wrote {out}: "
             + ", ".join(f"{k} {v['tokens']:,} tokens / {v['documents']} docs" for k, v in splits.items())
             + f"; vocab {tok.vocab_size}; chars/token {cpt['all']} (val {cpt['val']}); {t_end - t0:.1f} s")
+        for name, info in splits.items():
+            if info["tokens"] < TYPICAL_WINDOW:
+                log(f"warning: the {name} split has {info['tokens']:,} tokens, fewer than one window of "
+                    f"configs/base.json ({TYPICAL_WINDOW:,} = T 512 + 1): training refuses a split shorter than "
+                    f"data.seq_len + 1 and evaluation scores no longer window; raise --max-bytes"
+                    + ("" if name == "train" else f" or --{name}-fraction"))
         return manifest
     except BaseException:
         if created is not None:  # a failed first build (e.g. a vocabulary too large for the corpus) leaves nothing
@@ -303,7 +321,10 @@ def load_manifest(data_dir: str | Path, vocab_size: int | None = None) -> dict:
     """
     data_dir = Path(data_dir)
     vocab = f" --vocab-size {vocab_size}" if vocab_size else ""
-    hint = f"run `python data_prep/prepare.py --source python-stdlib --out {data_dir}{vocab}` (or another --source)"
+    # the source a folder's name suggests (data/debian-prose → debian-prose), else the one every machine has
+    source = next((known for known in sorted(KNOWN_SOURCES, key=len, reverse=True) if known in data_dir.name),
+                  "python-stdlib")
+    hint = f"run `python data_prep/prepare.py --source {source} --out {data_dir}{vocab}` (or another --source)"
     if not data_dir.is_dir():
         raise DataError(f"data folder {data_dir} does not exist; {hint}")
     path = data_dir / MANIFEST

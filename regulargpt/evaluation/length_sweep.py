@@ -1,8 +1,11 @@
 """The resumable perplexity sweep: every (run, length) not yet in ``results.jsonl``, with skipped rows that say why.
 
-Loads each run (``model.pt``), checks that it was trained with the evaluation data's tokenizer, plans and scores its
-windows with :mod:`regulargpt.evaluation.perplexity`, and appends one row per (run, dataset, split, length, protocol,
-stride, tokens). A row already present is not recomputed, so a killed sweep resumes where it stopped.
+Loads each run (``model.pt``, refused when older than the run's newest checkpoint:
+:mod:`regulargpt.evaluation.run_weights`), checks that it was trained with the evaluation data's tokenizer, plans and
+scores its windows with :mod:`regulargpt.evaluation.perplexity`, and appends one row per (run, dataset, split,
+length, protocol, stride, tokens), recording the step and the sha256 of the weights it scored. A row already present
+for the same weights is not recomputed, so a killed sweep resumes where it stopped; a row of other weights (the run
+was exported again since) is rescored.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,9 +29,10 @@ from torch import nn
 from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, EvalConfig, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
-from regulargpt.evaluation.lm_report import row_key
-from regulargpt.files import read_json_object, read_jsonl
+from regulargpt.files import read_json_object
 from regulargpt.run_directory.layout import MODEL_FILE
+from regulargpt.evaluation.results_file import ResultsFile, is_done
+from regulargpt.evaluation.run_weights import check_fresh, weights_sha256
 from regulargpt.evaluation.perplexity import (
     EvalError,
     Protocol,
@@ -96,6 +101,14 @@ class RunInfo:
     model: nn.Module
     meta: dict[str, Any]
     depth_override: str | None = None  # an evaluation-time depth policy (None: the model's own)
+    weights_sha256: str = ""  # run_weights.weights_sha256 of the fp32 weights as loaded
+    note: str | None = None  # said once before the run is used: a named model file older than its run's newest
+
+    @property
+    def step(self) -> int | None:
+        """The training step of the weights (model.pt's meta), None when the file does not record it."""
+        step = self.meta.get("step")
+        return step if isinstance(step, int) else None
 
     @property
     def label(self) -> str:
@@ -118,7 +131,10 @@ class RunInfo:
 def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: str | None = None) -> RunInfo:
     """A run directory holding model.pt, or a model.pt path → RunInfo (model in eval mode on `device`).
 
-    `depth_policy` scores a RegularGPT with another depth policy than it was trained with (same weights)."""
+    `depth_policy` scores a RegularGPT with another depth policy than it was trained with (same weights); other
+    architectures load with their own (their rows are keyed and labelled as without it). A run directory whose
+    model.pt is older than its newest checkpoint is refused (:func:`regulargpt.evaluation.run_weights.check_fresh`).
+    """
     path = Path(run)
     model_path = path / MODEL_FILE if path.is_dir() else path
     if not model_path.is_file():
@@ -130,12 +146,17 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
         raise EvalError(f"{where}; train it with `python launch/pretrain.py --config FILE --run-dir {path}` first")
     try:
         cfg, model, meta = load_model_file(model_path, map_location=device,
-                                           model_overrides={"depth_policy": depth_policy} if depth_policy else None)
+                                           model_overrides={"depth_policy": depth_policy} if depth_policy else None,
+                                           override_architectures=frozenset({"regular_gpt"}))
     except ConfigError as err:
         raise EvalError(f"{model_path}: --depth-policy {depth_policy}: {err}") from None
     if not isinstance(cfg, Config):  # a FormalConfig: a sequence classifier
-        raise EvalError(f"{model_path}: head {cfg.model.head!r} is not a language model (perplexity needs head 'lm')")
-    return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta, depth_policy)
+        raise EvalError(f"{model_path}: a sequence classifier (head {cfg.model.head!r}), not a language model; "
+                        f"perplexity and generation need a model trained by launch/pretrain.py (head 'lm')")
+    note = check_fresh(path, model_path, meta)
+    depth = depth_policy if cfg.model.architecture == "regular_gpt" else None
+    return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta, depth,
+                   weights_sha256(model.state_dict()), note)
 
 
 def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
@@ -161,6 +182,16 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
     return None
 
 
+def _training_tokenizer_file(info: RunInfo) -> str:
+    """Where the run's tokenizer file is: in the data folder it trained on (its data.path; a run directory holds
+    none), or a description of it when that folder is not here."""
+    try:
+        manifest = load_manifest(info.cfg.data.path)
+        return str(Path(info.cfg.data.path) / manifest["tokenizer"]["file"])
+    except (DataError, KeyError, TypeError):
+        return f"<the tokenizer.model of the data folder the run trained on, data.path={info.cfg.data.path!r}>"
+
+
 def open_eval_split(data_dir: str | Path, split: str) -> TokenSplit:
     """Open the held-out split; EvalError (not a traceback) when the folder or split is missing or corrupt."""
     try:
@@ -184,45 +215,11 @@ def check_compatible(info: RunInfo, split: TokenSplit) -> None:
     if found is not None and found[0] != data_sha:
         raise EvalError(f"{info.run}: trained with tokenizer sha256 {found[0][:12]}… ({found[1]}) but data folder "
                         f"{split.data_dir} was tokenised with {data_sha[:12]}…; prepare the evaluation data with "
-                        f"`data_prep/prepare.py --tokenizer <the run's tokenizer.model>`")
+                        f"`python data_prep/prepare.py --tokenizer {_training_tokenizer_file(info)} …`")
     try:
         split.check_token_range(vocab)
     except DataError as err:
         raise EvalError(str(err)) from None
-
-
-# ------------------------------------------------------------------------------------------------ results file
-
-
-class ResultsFile:
-    """Append-only JSONL of result rows. Each append is one line, flushed and fsynced; opening the file reads it with
-    :func:`regulargpt.files.read_jsonl` (a partial last line left by a crash is dropped and, with ``repair``, cut off
-    so the next append starts on a clean line; any other bad line is an error)."""
-
-    def __init__(self, path: str | Path, repair: bool = True) -> None:
-        self.path = Path(path)
-        self.rows: list[dict[str, Any]] = read_jsonl(self.path, repair=repair)
-
-    def latest(self) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """The last row written for every key."""
-        return {row_key(r): r for r in self.rows}
-
-    def append(self, row: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "ab") as f:
-            f.write((json.dumps(row, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        self.rows.append(row)
-
-
-def is_done(row: dict[str, Any] | None, memory_gb: float) -> bool:
-    """A stored row counts as done unless it was skipped for memory under a smaller budget than now."""
-    if row is None:
-        return False
-    if row.get("skipped") and row.get("skipped_for") == "memory":
-        return float(row.get("memory_gb", 0.0)) >= memory_gb
-    return True
 
 
 def result_row(info: RunInfo, dataset: str, split: str, plan: WindowPlan, protocol: Protocol,
@@ -245,6 +242,7 @@ def _row_base(info: RunInfo, dataset: str, split: str, length: int, protocol: Pr
               tokens: int) -> dict[str, Any]:
     variant = info.variant
     return {"run": info.run, "depth_policy": info.depth_override, "model": info.label, "seed": info.seed,
+            "step": info.step, "weights_sha256": info.weights_sha256,
             "variant": variant_id(variant), "variant_config": variant, "dataset": dataset, "split": split,
             "length": length, "protocol": protocol, "stride": stride, "tokens": tokens,
             "train_length": info.cfg.data.seq_len, "params": info.params}
@@ -292,20 +290,27 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
     data = open_eval_split(data_dir, split)
     dataset = Path(data_dir).resolve().name
     counts = plan_tokens(len(data), lengths, tokens, protocol)
+    scored: dict[str, tuple[str | None, str]] = {}  # run → (depth policy it is scored with, its weights' sha256)
     for run in runs:  # fail on a bad run before spending time on the others
-        check_compatible(load_run(run, depth_policy=depth_policy), data)
+        checked = load_run(run, depth_policy=depth_policy)
+        check_compatible(checked, data)
+        if checked.note and rank == 0:
+            print(checked.note, file=sys.stderr, flush=True)
+        scored[str(run)] = (checked.depth_override, checked.weights_sha256)
     results = ResultsFile(Path(out_dir) / "results.jsonl", repair=rank == 0)
     done = results.latest()
     _barrier()  # every rank has read the file before rank 0 appends to it
     stride_of = {length: length if protocol == "nonoverlapping" else (stride or max(1, length // 2)) for length in lengths}
     rows: list[dict[str, Any]] = []
+    already = 0
     bar = tqdm(total=len(runs) * len(lengths), desc="(run, length)", disable=rank != 0 or not progress)
     for run in runs:
         info: RunInfo | None = None
+        depth, weights = scored[str(run)]
         for length in lengths:
-            key = (str(run).rstrip("/"), depth_policy, dataset, split, length, protocol, stride_of[length],
-                   counts[length])
-            if is_done(done.get(key), memory_gb):
+            key = (str(run).rstrip("/"), depth, dataset, split, length, protocol, stride_of[length], counts[length])
+            if is_done(done.get(key), memory_gb, weights):
+                already += 1
                 bar.update()
                 continue
             info = info or load_run(run, device, depth_policy)
@@ -318,6 +323,9 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
             bar.update()
         del info
     bar.close()
+    if already and rank == 0:
+        print(f"{already} of {len(runs) * len(lengths)} (run, length) rows were already in {results.path} for the "
+              f"same weights; not rescored", file=sys.stderr, flush=True)
     _barrier()
     return rows
 
@@ -394,7 +402,8 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
 
 def _describe(row: dict[str, Any]) -> str:
     depth = f" depth={row['depth_policy']}" if row.get("depth_policy") else ""
-    head = f"{row['run']}{depth} ({row['model']} seed {row['seed']}) · {row['dataset']} L={row['length']}"
+    head = (f"{row['run']}{depth} ({row['model']} seed {row['seed']}, step {row['step']}, weights "
+            f"{row['weights_sha256'][:12]}) · {row['dataset']} L={row['length']}")
     if row.get("skipped"):
         return f"{head}: skipped ({row['skipped']})"
     return (f"{head}: ppl {row['ppl']:.3f} over {row['tokens']} tokens in {row['windows']} windows "

@@ -34,6 +34,7 @@ from regulargpt.provenance import provenance
 __all__ = [
     "ROW_KEY",
     "aggregate",
+    "console_tables",
     "latest_rows",
     "row_key",
     "variant_labels",
@@ -201,6 +202,13 @@ def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: 
     atomic_write_text(out_dir / "table.md", "\n".join(parts).rstrip() + "\n")
     plot_ppl_vs_length(rows, out_dir / "ppl_vs_length.png")
     plot_loss_vs_position(rows, out_dir / "loss_vs_position.png")
+
+
+def console_tables(rows: Sequence[Row]) -> str:
+    """The tables of table.md without its provenance and plots, for the console at the end of a sweep: one
+    ``dataset · split · protocol`` heading and :func:`markdown_table` per group."""
+    return "\n\n".join(f"{dataset} · {split} split · {protocol} (perplexity, mean ± std over seeds)\n"
+                       + markdown_table(g) for (dataset, split, protocol), g in aggregate(rows).items())
 
 
 def _pyplot():

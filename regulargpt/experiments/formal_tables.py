@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from regulargpt.config import ConfigError, FormalConfig, formal_config_from_save
 from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
 from regulargpt.experiments.formal_records import RunRecord, dump_records, read_records
 from regulargpt.experiments.formal_sweep import STALE_MARK, Profile, RunSpec, recipe_id
+from regulargpt.experiments.table_changes import describe_changes, read_table, same_apart_from_provenance
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
 from regulargpt.run_directory import saved_config
@@ -251,8 +253,12 @@ def _protocol_lines(proto: dict[str, Any]) -> list[str]:
 
 
 def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *, specs: list[RunSpec] | None = None,
-                 command: list[str] | None = None, keep: str | Path | None = None) -> list[Path]:
-    """Write table1_<profile>.md/.json and table2_<profile>.md/.json; returns the paths written.
+                 command: list[str] | None = None, keep: str | Path | None = None,
+                 log: Callable[[str], None] = print) -> list[Path]:
+    """Write table1_<profile>.md/.json and table2_<profile>.md/.json; returns their paths.
+
+    A table equal to the one on disk but for its provenance stamp is left byte-identical; one that differs is
+    replaced, and `log` gets one line per table saying what changed (:mod:`~regulargpt.experiments.table_changes`).
 
     `specs` (the profile's planned runs) make every planned cell appear, with how many of its runs are finished;
     only finished runs whose recipe is one the profile plans are counted (others are listed as stale). `keep` (a
@@ -314,7 +320,7 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     stem = out_dir / f"table1_{profile_name}"
     payload = {"provenance": prov, "profile": profile_name, "protocol": proto, "pending": pending,
                "settings": settings, "sections": profile.sections, "table": t1, "runs": dump_records(runs)}
-    written += _write(stem, "\n".join(md) + "\n", payload)
+    written += _write(stem, "\n".join(md) + "\n", payload, log)
 
     t2 = table2(runs, table2_task, table2_p_one, models)
     ps = [f"{p:g}" for p in table2_p_one]
@@ -332,12 +338,17 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
         md += [f"| {model} | " + " | ".join(_fmt(row.get(p)) for p in ps) + " |" for model, row in t2[key].items()]
     payload = {"provenance": prov, "profile": profile_name, "task": table2_task, "p_one": table2_p_one,
                "protocol": proto.get(table2_task, []), "table": t2}
-    written += _write(out_dir / f"table2_{profile_name}", "\n".join(md) + "\n", payload)
+    written += _write(out_dir / f"table2_{profile_name}", "\n".join(md) + "\n", payload, log)
     return written
 
 
-def _write(stem: Path, markdown: str, payload: dict[str, Any]) -> list[Path]:
+def _write(stem: Path, markdown: str, payload: dict[str, Any], log: Callable[[str], None]) -> list[Path]:
     md_path, json_path = stem.with_suffix(".md"), stem.with_suffix(".json")
+    old = read_table(json_path)
+    if same_apart_from_provenance(md_path, old, markdown, payload):
+        log(f"{md_path}: unchanged but for its provenance stamp; left as it was")
+        return [md_path, json_path]
     atomic_write_text(json_path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     atomic_write_text(md_path, markdown)
+    log(f"{md_path}: {describe_changes(old, payload)}")
     return [md_path, json_path]

@@ -11,6 +11,7 @@ stops at its first end-of-text id (kept in its output); the loop stops when ever
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -23,7 +24,7 @@ from regulargpt.generation.sampling import SamplingConfig, choose_next
 from regulargpt.model.regular_gpt import RegularGPT
 from regulargpt.model.transformer_lm import TransformerLM
 
-__all__ = ["Decoder", "make_decoder", "teacher_forced_logits", "check_request", "generate"]
+__all__ = ["Decoder", "GenerationStats", "make_decoder", "teacher_forced_logits", "check_request", "generate"]
 
 
 class Decoder(Protocol):
@@ -42,6 +43,15 @@ class Decoder(Protocol):
 
     @property
     def cache_bytes(self) -> int: ...
+
+
+@dataclass
+class GenerationStats:
+    """What a :func:`generate` call held at its end: the positions its cache covers and the cache's size in bytes
+    (RegularGPT under depth policy train: bounded by its rings, whatever the length; a KV cache: grows with it)."""
+
+    positions: int = 0
+    cache_bytes: int = 0
 
 
 def make_decoder(model: nn.Module) -> Decoder:
@@ -84,10 +94,12 @@ def check_request(decoder: Decoder, vocab_size: int, prompt: Sequence[int], max_
 @torch.no_grad()
 def generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingConfig,
              seed: int = 0, num_samples: int = 1, eos_id: int | None = None,
-             on_tokens: Callable[[list[int]], None] | None = None) -> list[list[int]]:
+             on_tokens: Callable[[list[int]], None] | None = None,
+             stats: GenerationStats | None = None) -> list[list[int]]:
     """New token ids for each of `num_samples` continuations of `prompt` (decoded as one batch).
 
-    `on_tokens` receives the tokens chosen at each step, one per sample (streaming). Same seed, same output.
+    `on_tokens` receives the tokens chosen at each step, one per sample (streaming); `stats`, when given, is filled
+    with the cache's final positions and size. Same seed, same output.
     """
     if num_samples < 1:
         raise GenerationError(f"num_samples must be >= 1, got {num_samples}")
@@ -113,4 +125,6 @@ def generate(model: nn.Module, prompt: Sequence[int], max_new_tokens: int, sampl
         if all(stopped) or i == max_new_tokens - 1:
             break
         logits = decoder.step(chosen)
+    if stats is not None:
+        stats.positions, stats.cache_bytes = decoder.length, decoder.cache_bytes
     return out

@@ -66,6 +66,7 @@ from regulargpt.run_directory.lm_resume import (
     default_run_dir,
     extension_config,
     set_aside_export,
+    with_saved_data_path,
 )
 from regulargpt.run_directory.metrics import open_for_append, truncate_after
 from regulargpt.run_directory.safe_load import safe_loading
@@ -73,7 +74,7 @@ from regulargpt.run_directory.safe_load import safe_loading
 __all__ = [
     # layout and the language model's resume policy
     "default_run_dir", "RESUME_FREE", "RESUME_FREE_KEYS", "check_or_write_config", "extension_config",
-    "set_aside_export",
+    "set_aside_export", "with_saved_data_path",
     # config on resume, metrics on resume, fallback: shared by both trainers
     "ResumePolicy", "saved_config", "config_changes", "check_config_unchanged", "truncate_after", "open_for_append",
     "set_aside", "fallback_warning",

@@ -5,7 +5,8 @@ A run directory that holds ``config.resolved.json`` is resumed by the same comma
 except for the :data:`RESUME_FREE` keys (compared by :mod:`regulargpt.run_directory.config_check`). The one
 other accepted change is an extension: ``train.steps`` raised and the finished run's step appended to
 ``train.extended_from`` (:func:`extension_config`), after which the finished run's ``model.pt`` is kept as
-``model_step<N>.pt`` (:func:`set_aside_export`).
+``model_step<N>.pt`` (:func:`set_aside_export`). Resuming and extending read the data folder from the run
+(:func:`with_saved_data_path`), so the command need not repeat ``--set data.path=…``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from regulargpt.run_directory.config_check import (
 )
 
 __all__ = ["RESUME_FREE_KEYS", "RESUME_FREE", "default_run_dir", "check_or_write_config", "extension_config",
-           "set_aside_export"]
+           "set_aside_export", "with_saved_data_path"]
 
 # Keys that may change between a run and its resumption: they do not change what is trained.
 RESUME_FREE_KEYS = frozenset({
@@ -100,3 +101,18 @@ def set_aside_export(run_dir: Path, step: int) -> Path | None:
         return None
     os.replace(path, run_dir / f"model_step{step}.pt")
     return run_dir / f"model_step{step}.pt"
+
+
+def with_saved_data_path(run_dir: Path, cfg: Config, overrides: list[str]) -> tuple[Config, str | None]:
+    """`cfg` for resuming or extending the run in `run_dir`: without a ``--set data.path=…`` among `overrides`, the
+    run's own ``data.path`` (from its config.resolved.json) replaces the config file's → (config, a note saying so,
+    or None when nothing changed). A fresh run directory keeps `cfg`. Example: ``--config
+    configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 2000`` trains on the data runs/x trained on, not
+    on configs/base.json's ``data/python-stdlib``."""
+    given = any(item.split("=", 1)[0].strip() == "data.path" for item in overrides)
+    saved = saved_config(run_dir, TrainError)
+    if given or saved is None or not saved.data.path or saved.data.path == cfg.data.path:
+        return cfg, None
+    note = (f"{run_dir}: data.path={saved.data.path} (the run's, from its {CONFIG_FILE}; --set data.path=… "
+            f"to move the data)")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=saved.data.path)), note

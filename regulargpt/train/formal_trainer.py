@@ -215,7 +215,7 @@ def train_formal(
     lengths = cfg.data.max_length - cfg.data.min_length + 1
     end = tc.steps if stop_at is None else min(stop_at, tc.steps)
     bar = tqdm(total=end, initial=min(step, end), desc=f"{cfg.data.task}/{cfg.model.architecture}",
-               disable=not cfg.logging.progress, dynamic_ncols=True)
+               disable=not cfg.logging.progress, dynamic_ncols=True, unit="step")
     with torch.random.fork_rng(devices=[]), open_for_append(run_dir / METRICS_FILE, step) as metrics:
         torch.set_rng_state(torch_rng)
         while step < end:

@@ -330,7 +330,7 @@ class _Trainer:
             self.log.message(f"{self.run_dir}: resuming at step {self.step}/{t.steps}")
         self.engine.train()
         preempted, start_step, run_start = False, self.step, time.perf_counter()
-        window_time, window_tokens, last_val = 0.0, 0, None
+        window_time, window_tokens, last_val, last_loss = 0.0, 0, None, None
         while self.step < t.steps:
             start = time.perf_counter()
             loss, skipped = self.train_step()
@@ -340,7 +340,7 @@ class _Trainer:
             requested, by_signal = stop.requested, stop.by_signal  # (a signal may arrive in between: next step)
             loss_sum, signalled, orphaned = self._all_sum([loss, float(requested and by_signal),
                                                            float(requested and not by_signal)])
-            loss = loss_sum / self.world
+            loss = last_loss = loss_sum / self.world
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
             self.log.advance()
@@ -380,7 +380,8 @@ class _Trainer:
         self.log.close()
         self.dist.destroy_process_group()
         return {"step": self.step, "tokens": self.tokens, "preempted": preempted, "val_loss": last_val,
-                "run_dir": str(self.run_dir)}
+                "run_dir": str(self.run_dir), "loss": last_loss, "start_step": start_step,
+                "seconds": time.perf_counter() - run_start, "tokens_per_step": self.tokens_per_step}
 
 
 def _is_collective_failure(err: RuntimeError) -> bool:
@@ -412,7 +413,9 @@ def _quiet_deepspeed() -> None:
 
 def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) -> dict[str, Any]:
     """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir",
-    "stop_reason", "resume_command"} (the last two say why a preempted run stopped and how to continue it).
+    "loss", "start_step", "seconds", "tokens_per_step", "stop_reason", "resume_command"} (``loss``/``val_loss``:
+    the last of this invocation, None if none ran; the last two say why a preempted run stopped and how to continue
+    it).
 
     `parent_at_start`: the parent pid when the process started (``os.getppid()`` before the slow imports): a rank
     whose launcher has ended since stops here with a TrainError instead of training on, unwatched."""
