@@ -14,6 +14,10 @@ Subcommands (each resumable; rerun the same command to continue)::
     # folders are not under --runs are carried from the run records of the table being replaced (--fresh: not)
     python eval/formal.py aggregate --runs results/formal/runs --profile quick
 
+    # retrain one recorded run of results/formal/table1_<profile>.json and compare with its record (same code
+    # commit: identical, or exit status 1; other code: the difference and both commits are printed)
+    python eval/formal.py reproduce --task dyck_3 --model regular_gpt_c2 --seed 0
+
     # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
     python eval/formal.py time-to-solve --profile cpu --threads 1 --out results/formal/time_to_solve_t1.md
 
@@ -103,14 +107,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     recorded = None if args.retrain_recorded else _table_json(
         "--recorded", args.recorded, Path("results/formal") / f"table1_{profile.name}.json")
     if recorded is not None:
-        from regulargpt.experiments.formal_records import read_records
+        from regulargpt.experiments.formal_records import PLANNED, SAME_MODEL, read_records, standing
 
-        done = {(r.name, r.recipe) for r in read_records(recorded)}
-        skipped = [s for s in specs if (s.name, s.recipe) in done and not s.run_dir.exists()]
+        records = {r.name: r for r in read_records(recorded)}
+        skipped = [s for s in specs if s.name in records and not s.run_dir.exists()
+                   and standing(records[s.name], s) in (PLANNED, SAME_MODEL)]
         specs = [s for s in specs if all(s is not x for x in skipped)]
         if skipped:
             print(f"sweep {profile.name}: {len(skipped)} runs already recorded in {recorded} with the recipe the "
-                  f"profile plans are not trained again (--retrain-recorded to train them)", flush=True)
+                  f"profile plans (or kept by the last-model rule with fit 1.000: the same model) are not trained "
+                  f"again (--retrain-recorded to train them)", flush=True)
     print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
           f"thread(s))", flush=True)
     results = run_sweep(specs, workers=args.workers, threads=args.threads)
@@ -127,6 +133,32 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
                          command=["python", "eval/formal.py", *sys.argv[1:]])
     print("\n".join(str(p) for p in paths))
     return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Retrain one recorded run from its record and compare (formal_reproduce): 0 when identical or when the code
+    differs from the record's (the difference printed), 1 when the same code gives other numbers."""
+    import shutil
+    import tempfile
+
+    from regulargpt.experiments.formal_reproduce import find_record, plan_reproduction, reproduce
+
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, args.configs)
+    table = _table_json("--table", args.table, Path("results/formal") / f"table1_{profile.name}.json")
+    if table is None:
+        raise ConfigError(f"results/formal/table1_{profile.name}.json: no such table JSON; pass --table PATH")
+    record = find_record(table, args.task, args.model, args.seed, args.lr)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="reproduce-"))
+    try:
+        spec = plan_reproduction(profile, record, out, args.configs)
+        print(f"retraining {record.name} from {table} into {spec.run_dir} ({args.threads} thread(s))", flush=True)
+        result = reproduce(spec, record)
+    finally:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+    print("\n".join(result.report()))
+    return 1 if result.differences and result.same_code else 0
 
 
 def cmd_time_to_solve(args: argparse.Namespace) -> int:
@@ -379,6 +411,18 @@ def main(argv: list[str] | None = None) -> int:
                                   "profile plans their recipe (default: OUT_DIR/table1_<profile>.json if it exists)")
     p.add_argument("--fresh", action="store_true", help="carry nothing: tabulate only the runs under --runs")
     p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("reproduce", help="retrain one recorded run from its run record and compare the scores")
+    p.add_argument("--task", required=True, help="task config of the record, e.g. dyck_3")
+    p.add_argument("--model", required=True, help="model preset of the record, e.g. regular_gpt_c2")
+    p.add_argument("--seed", required=True, type=non_negative_int, help="seed of the record, e.g. 0")
+    p.add_argument("--lr", type=positive_float, help="learning rate (only when the table records several)")
+    p.add_argument("--profile", default="cpu", help="profile whose table holds the record (default cpu)")
+    p.add_argument("--table", help="table1 JSON holding the record (default results/formal/table1_<profile>.json)")
+    p.add_argument("--out", help="keep the retrained run under this folder (default: a temporary one, removed)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1, as the sweep)")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("time-to-solve", help="training seconds until the held-out score first reaches 0.99")
     p.add_argument("--profile", default="cpu", help="profile giving each task's config (default cpu)")
