@@ -117,6 +117,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"sweep {profile.name}: {len(skipped)} runs already recorded in {recorded} with the recipe the "
                   f"profile plans (or kept by the last-model rule with fit 1.000: the same model) are not trained "
                   f"again (--retrain-recorded to train them)", flush=True)
+    if args.list:  # what this sweep would train (finished run folders under --out included), per task; nothing runs
+        from collections import Counter
+
+        per_task = Counter(s.task_id for s in specs)
+        print(f"sweep {profile.name}: {len(specs)} runs to train or finish under {args.out}: "
+              + ", ".join(f"{task} {n}" for task, n in per_task.items()))
+        print("\n".join(s.name for s in specs))
+        return 0
     print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
           f"thread(s))", flush=True)
     results = run_sweep(specs, workers=args.workers, threads=args.threads)
@@ -400,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recorded", help="table1 JSON whose run records count as finished runs (default: "
                                       "results/formal/table1_<profile>.json if it exists)")
     p.add_argument("--retrain-recorded", action="store_true", help="train recorded runs again too")
+    p.add_argument("--list", action="store_true", help="print the runs the sweep would train (not yet recorded) and "
+                                                       "stop; nothing is trained")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
