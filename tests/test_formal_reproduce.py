@@ -7,23 +7,19 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import load_script, tiny_raw
+from helpers import load_script, tiny_raw, write_formal_configs
 
 from regulargpt.config import ConfigError
 from regulargpt.provenance import git_commit
 
 
 def _setup(tmp_path: Path, steps: int = 6) -> tuple[list[str], Path]:
-    configs = tmp_path / "configs"
-    (configs / "models").mkdir(parents=True, exist_ok=True)
-    (configs / "profiles").mkdir(exist_ok=True)
-    (configs / "parity_check.json").write_text(json.dumps(tiny_raw(steps=steps, save_every=0)))
-    (configs / "models" / "c2.json").write_text(json.dumps({"model": {"chunk_size": 2}}))
-    (configs / "profiles" / "t.json").write_text(json.dumps({
+    common = write_formal_configs(tmp_path / "configs", {
         "name": "t", "description": "test", "tasks": ["parity_check"], "models": ["c2"], "seeds": [0, 1],
         "lrs": {"*/*": [0.01]}, "overrides": {"*/*": {"eval": {"select_last": 3, "select_every": 2}}},
-        "eval_lengths": "1-6,7-9", "table2_task": "parity_check", "table2_p_one": [0.3, 0.5]}))
-    return ["--profile", "t", "--configs", str(configs)], tmp_path / "tables" / "table1_t.json"
+        "eval_lengths": "1-6,7-9", "table2_task": "parity_check", "table2_p_one": [0.3, 0.5]},
+        tiny_raw(steps=steps, save_every=0))
+    return common, tmp_path / "tables" / "table1_t.json"
 
 
 def test_reproduce_retrains_a_record_and_compares(tmp_path: Path, capsys: pytest.CaptureFixture[str],

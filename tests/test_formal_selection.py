@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import Crash, CrashingTask, load_script, tiny_cfg, tiny_raw
+from helpers import Crash, CrashingTask, load_script, tiny_cfg, tiny_raw, write_formal_configs
 from helpers import formal_losses as losses
 
 from regulargpt.checkpoint import load_model_file
@@ -84,14 +84,6 @@ def test_the_rule_is_validated_named_and_part_of_the_recipe() -> None:
     assert recipe_id(_cfg(8, 3, 2)) not in (recipe_id(_cfg(8)), recipe_id(_cfg(8, 3, 3)))
 
 
-def _write_configs(configs: Path, profile: dict) -> None:
-    (configs / "models").mkdir(parents=True, exist_ok=True)
-    (configs / "profiles").mkdir(exist_ok=True)
-    (configs / "parity_check.json").write_text(json.dumps(tiny_raw(steps=6, save_every=0)))
-    (configs / "models" / "c2.json").write_text(json.dumps({"model": {"chunk_size": 2}}))
-    (configs / "profiles" / "t.json").write_text(json.dumps(profile))
-
-
 def test_a_new_rule_keeps_the_recorded_runs_it_cannot_change_and_marks_and_retrains_the_others(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Three seeds recorded under the last-model rule; the profile then plans best-of-3. A record whose fit is
@@ -102,9 +94,8 @@ def test_a_new_rule_keeps_the_recorded_runs_it_cannot_change_and_marks_and_retra
     profile = {"name": "t", "description": "test", "tasks": ["parity_check"], "models": ["c2"], "seeds": [0, 1, 2],
                "lrs": {"*/*": [0.01]}, "eval_lengths": "1-6,7-8", "table2_task": "parity_check",
                "table2_p_one": []}
-    _write_configs(configs, profile)
+    common = write_formal_configs(configs, profile, tiny_raw(steps=6, save_every=0))
     cli = load_script("eval/formal.py")
-    common = ["--profile", "t", "--configs", str(configs)]
     assert cli.main(["sweep", *common, "--out", str(runs)]) == 0
     assert cli.main(["aggregate", *common, "--runs", str(runs), "--out-dir", str(tables)]) == 0
     table = tables / "table1_t.json"
@@ -119,7 +110,7 @@ def test_a_new_rule_keeps_the_recorded_runs_it_cannot_change_and_marks_and_retra
     (runs / "parity_check").rename(tmp_path / "lost")  # a new machine: only the records are left
 
     profile["overrides"] = {"*/*": {"eval": {"select_last": 3, "select_every": 2}}}
-    _write_configs(configs, profile)
+    write_formal_configs(configs, profile, tiny_raw(steps=6, save_every=0))
     assert cli.main(["aggregate", *common, "--runs", str(runs), "--out-dir", str(tables)]) == 0
     text = (tables / "table1_t.md").read_text()
     assert ("the best training-length fit of the last 3 checks, 2 steps apart" in text and "0 runs kept by it; 1 "
@@ -130,6 +121,11 @@ def test_a_new_rule_keeps_the_recorded_runs_it_cannot_change_and_marks_and_retra
     assert cell["n"] == 3 and cell["other_rule"] == 2 and cell["rules"] == ["last"]
 
     capsys.readouterr()
+    assert cli.main(["sweep", *common, "--out", str(runs), "--recorded", str(table), "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "1 runs already recorded" in listed and "2 runs to train or finish" in listed
+    assert listed.strip().splitlines()[-2:] == ["parity_check/c2/seed1_lr0.01", "parity_check/c2/seed2_lr0.01"]
+    assert not (runs / "parity_check").exists()  # --list trains nothing
     assert cli.main(["sweep", *common, "--out", str(runs), "--recorded", str(table)]) == 0
     assert "1 runs already recorded" in capsys.readouterr().out
     assert sorted(p.name for p in (runs / "parity_check" / "c2").iterdir()) == ["seed1_lr0.01", "seed2_lr0.01"]

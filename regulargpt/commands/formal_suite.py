@@ -225,7 +225,9 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.runs, configs_dir=args.configs, tasks=[args.task], models=[args.model],
-                      seeds=args.seeds, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
+                      seeds=args.seeds, lrs=args.lrs, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
+    several = len({spec.lr for spec in specs}) > 1
+    labels = {spec.name: f"seed {spec.seed}" + (f", lr {spec.lr:g}" if several else "") for spec in specs}
     check = SolveCheck(every=args.every, lengths=check_lengths_option(args.check_lengths, specs[0].cfg))
     data = specs[0].cfg.data
     lo, hi = min(check.lengths), max(check.lengths)
@@ -236,16 +238,18 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
 
     def report() -> None:
-        curves = {spec.seed: read_jsonl(spec.run_dir / SOLVE_FILE) for spec in specs}
+        curves = {labels[spec.name]: read_jsonl(spec.run_dir / SOLVE_FILE) for spec in specs}
         cfg = specs[0].cfg
+        rates = ", ".join(f"{lr:g}" for lr in dict.fromkeys(spec.lr for spec in specs))
         prov = provenance(command)
         title = f"{args.task}: long {args.model} runs"
         plot_curves(curves, out.with_suffix(".png"), title, ylabel)
         lines = [*_report_head(title, prov),
                  f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
-                 f"Adam, constant lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, one length per batch from "
+                 f"Adam, constant lr {rates}, batch {cfg.train.batch_size}, one length per batch from "
                  f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
-                 f"{args.slice:,} (seeds in turn; the slices equal one uninterrupted run). Every {check.every} steps "
+                 f"{args.slice:,} ({'seeds and rates' if several else 'seeds'} in turn; the slices equal one "
+                 f"uninterrupted run). Every {check.every} steps "
                  f"the {'fit' if fit else 'held-out score'}: mean accuracy at lengths {', '.join(map(str, check.lengths))}, "
                  f"{check.samples} fixed strings each (chance depends on the task: 1/{cfg.model.num_classes} for "
                  f"balanced classes). Runs in `{args.runs}` (resumable: rerun the command).", "",
@@ -335,37 +339,22 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
 
 
 def cmd_choose_lr(args: argparse.Namespace) -> int:
-    """Per learning rate (over its seeds' sweep runs of one task and model): the mean cross-entropy and accuracy
-    over the training lengths from range.jsonl, and the rate with the lowest loss (formal_pilots.choose_lr)."""
+    """Per learning rate (over its seeds' runs of one task and model): the mean cross-entropy and accuracy over the
+    training lengths (sweep runs: range.jsonl; pilots with --at-step: that step's fit check), and the rate with the
+    lowest loss (formal_pilots.choose_lr)."""
     import shlex
 
-    from regulargpt.evaluation.formal_pilots import LrCandidate, choose_lr
-    from regulargpt.evaluation.formal_scoring import read_rows
-    from regulargpt.files import atomic_write_text, read_json_object
+    from regulargpt.evaluation.formal_pilots import choose_lr, lr_candidates
+    from regulargpt.files import atomic_write_text
     from regulargpt.provenance import provenance
 
-    per_lr: dict[float, list[tuple[int, float, float]]] = {}
-    cells = set()
-    for run_dir in map(Path, args.runs):
-        info = read_json_object(run_dir / SWEEP_FILE, ConfigError, hint="choose-lr reads runs made by `sweep`")
-        cfg = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
-        if not isinstance(cfg, FormalConfig):
-            raise ConfigError(f"{run_dir / CONFIG_FILE}: missing or not a formal-language run's config")
-        lo, hi = cfg.data.min_length, cfg.data.max_length
-        rows = [row for t, row in read_rows(run_dir / RANGE_FILE).items() if lo <= t <= hi]
-        if not rows or any("loss" not in row for row in rows):
-            raise RangeEvalError(f"{run_dir / RANGE_FILE}: no loss in its training-length rows ({lo}..{hi}); they "
-                                 f"were evaluated before range rows had one: run the sweep again into a new --out")
-        cells.add((info["task_id"], info["model"]))
-        per_lr.setdefault(float(info["lr"]), []).append((int(info["seed"]), float(np.mean([r["loss"] for r in rows])),
-                                                         float(np.mean([r["accuracy"] for r in rows]))))
-    if len(cells) != 1:
-        raise ConfigError(f"choose-lr compares one task and model; --runs hold {sorted(cells)}")
-    candidates = [LrCandidate(lr, *map(tuple, zip(*sorted(runs)))) for lr, runs in sorted(per_lr.items())]
+    (task, model), candidates = lr_candidates([Path(r) for r in args.runs], args.at_step)
     best = choose_lr(candidates)
-    (task, model), = cells
+    source = (f"the fit check at step {args.at_step:,} (64 strings per length)" if args.at_step else
+              "the range evaluation of the kept model")
     lines = [f"Task {task}, model {model}: mean over the training lengths of the fixed evaluation strings' "
-             f"cross-entropy (nats) and accuracy, per seed; the rate with the lowest mean loss is chosen.", "",
+             f"cross-entropy (nats) and accuracy, per seed, from {source}; the rate with the lowest mean loss is "
+             f"chosen.", "",
              "| lr | seeds | loss per seed | mean loss | fit per seed | chosen |", "|---:|---|---|---:|---|---|"]
     lines += [f"| {c.lr:g} | {', '.join(map(str, c.seeds))} | {', '.join(f'{x:.2e}' for x in c.losses)} | "
               f"{c.loss:.2e} | {', '.join(f'{x:.3f}' for x in c.fits)} | {'**yes**' if c is best else ''} |"
@@ -464,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="+", required=True,
                    help="sweep run directories of one task and model at several lrs, e.g. RUNS/even_pairs/"
                         "regular_gpt_c2/seed*_lr*")
+    p.add_argument("--at-step", type=positive_int,
+                   help="read long-run pilots (OUT/<task>/<model>/seed*_lr*, --check-lengths 1-40) at this step's "
+                        "fit check instead of sweep runs' range.jsonl")
     p.add_argument("--out", help="markdown report")
     p.set_defaults(func=cmd_choose_lr)
 
@@ -472,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
     p.add_argument("--profile", default="cpu", help="profile giving the recipe (default cpu)")
     p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--lrs", nargs="+", type=positive_float,
+                   help="learning rates, each a run per seed (default: the profile's); choose-lr --at-step reads "
+                        "the pilots' training-length loss")
     p.add_argument("--steps", type=positive_int, default=100_000, help="target steps per seed (default 100000)")
     p.add_argument("--slice", type=positive_int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
     p.add_argument("--every", type=positive_int, default=500, help="steps between held-out checks (default 500)")
