@@ -164,6 +164,17 @@ def tiny_cfg(**train: float) -> FormalConfig:
     return load_config_dict(tiny_raw(**train), kind=FormalConfig)
 
 
+def write_formal_configs(configs: Path, profile: dict, task: dict, chunk_size: int = 2) -> list[str]:
+    """A config folder for formal sweeps: `task` as configs/parity_check.json, one model preset ``c<chunk_size>``,
+    `profile` as profiles/<name>.json (rewritten on every call) → the ``--profile NAME --configs DIR`` arguments."""
+    (configs / "models").mkdir(parents=True, exist_ok=True)
+    (configs / "profiles").mkdir(exist_ok=True)
+    (configs / "parity_check.json").write_text(json.dumps(task))
+    (configs / "models" / f"c{chunk_size}.json").write_text(json.dumps({"model": {"chunk_size": chunk_size}}))
+    (configs / "profiles" / f"{profile['name']}.json").write_text(json.dumps(profile))
+    return ["--profile", profile["name"], "--configs", str(configs)]
+
+
 def formal_losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -14,6 +14,10 @@ Subcommands (each resumable; rerun the same command to continue)::
     # folders are not under --runs are carried from the run records of the table being replaced (--fresh: not)
     python eval/formal.py aggregate --runs results/formal/runs --profile quick
 
+    # retrain one recorded run of results/formal/table1_<profile>.json and compare with its record (same code
+    # commit: identical, or exit status 1; other code: the difference and both commits are printed)
+    python eval/formal.py reproduce --task dyck_3 --model regular_gpt_c2 --seed 0
+
     # training seconds until the held-out score (41, 92, ..., 500) first reaches 0.99, per task and seed
     python eval/formal.py time-to-solve --profile cpu --threads 1 --out results/formal/time_to_solve_t1.md
 
@@ -103,14 +107,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     recorded = None if args.retrain_recorded else _table_json(
         "--recorded", args.recorded, Path("results/formal") / f"table1_{profile.name}.json")
     if recorded is not None:
-        from regulargpt.experiments.formal_records import read_records
+        from regulargpt.experiments.formal_records import PLANNED, SAME_MODEL, read_records, standing
 
-        done = {(r.name, r.recipe) for r in read_records(recorded)}
-        skipped = [s for s in specs if (s.name, s.recipe) in done and not s.run_dir.exists()]
+        records = {r.name: r for r in read_records(recorded)}
+        skipped = [s for s in specs if s.name in records and not s.run_dir.exists()
+                   and standing(records[s.name], s) in (PLANNED, SAME_MODEL)]
         specs = [s for s in specs if all(s is not x for x in skipped)]
         if skipped:
             print(f"sweep {profile.name}: {len(skipped)} runs already recorded in {recorded} with the recipe the "
-                  f"profile plans are not trained again (--retrain-recorded to train them)", flush=True)
+                  f"profile plans (or kept by the last-model rule with fit 1.000: the same model) are not trained "
+                  f"again (--retrain-recorded to train them)", flush=True)
+    if args.list:  # what this sweep would train (finished run folders under --out included), per task; nothing runs
+        from collections import Counter
+
+        per_task = Counter(s.task_id for s in specs)
+        print(f"sweep {profile.name}: {len(specs)} runs to train or finish under {args.out}: "
+              + ", ".join(f"{task} {n}" for task, n in per_task.items()))
+        print("\n".join(s.name for s in specs))
+        return 0
     print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
           f"thread(s))", flush=True)
     results = run_sweep(specs, workers=args.workers, threads=args.threads)
@@ -130,6 +144,32 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
                          command=["python", "eval/formal.py", *sys.argv[1:]])
     print("\n".join(str(p) for p in paths))
     return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Retrain one recorded run from its record and compare (formal_reproduce): 0 when identical or when the code
+    differs from the record's (the difference printed), 1 when the same code gives other numbers."""
+    import shutil
+    import tempfile
+
+    from regulargpt.experiments.formal_reproduce import find_record, plan_reproduction, reproduce
+
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, args.configs)
+    table = _table_json("--table", args.table, Path("results/formal") / f"table1_{profile.name}.json")
+    if table is None:
+        raise ConfigError(f"results/formal/table1_{profile.name}.json: no such table JSON; pass --table PATH")
+    record = find_record(table, args.task, args.model, args.seed, args.lr)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="reproduce-"))
+    try:
+        spec = plan_reproduction(profile, record, out, args.configs)
+        print(f"retraining {record.name} from {table} into {spec.run_dir} ({args.threads} thread(s))", flush=True)
+        result = reproduce(spec, record)
+    finally:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+    print("\n".join(result.report()))
+    return 1 if result.differences and result.same_code else 0
 
 
 def cmd_time_to_solve(args: argparse.Namespace) -> int:
@@ -188,7 +228,9 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.runs, configs_dir=args.configs, tasks=[args.task], models=[args.model],
-                      seeds=args.seeds, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
+                      seeds=args.seeds, lrs=args.lrs, sets=[f"train.steps={args.steps}", f"train.save_every={args.slice}"])
+    several = len({spec.lr for spec in specs}) > 1
+    labels = {spec.name: f"seed {spec.seed}" + (f", lr {spec.lr:g}" if several else "") for spec in specs}
     check = SolveCheck(every=args.every, lengths=check_lengths_option(args.check_lengths, specs[0].cfg))
     data = specs[0].cfg.data
     lo, hi = min(check.lengths), max(check.lengths)
@@ -199,16 +241,18 @@ def cmd_long_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
 
     def report() -> None:
-        curves = {spec.seed: read_jsonl(spec.run_dir / SOLVE_FILE) for spec in specs}
+        curves = {labels[spec.name]: read_jsonl(spec.run_dir / SOLVE_FILE) for spec in specs}
         cfg = specs[0].cfg
+        rates = ", ".join(f"{lr:g}" for lr in dict.fromkeys(spec.lr for spec in specs))
         prov = provenance(command)
         title = f"{args.task}: long {args.model} runs"
         plot_curves(curves, out.with_suffix(".png"), title, ylabel)
         lines = [*_report_head(title, prov),
                  f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
-                 f"Adam, constant lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, one length per batch from "
+                 f"Adam, constant lr {rates}, batch {cfg.train.batch_size}, one length per batch from "
                  f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
-                 f"{args.slice:,} (seeds in turn; the slices equal one uninterrupted run). Every {check.every} steps "
+                 f"{args.slice:,} ({'seeds and rates' if several else 'seeds'} in turn; the slices equal one "
+                 f"uninterrupted run). Every {check.every} steps "
                  f"the {'fit' if fit else 'held-out score'}: mean accuracy at lengths {', '.join(map(str, check.lengths))}, "
                  f"{check.samples} fixed strings each (chance depends on the task: 1/{cfg.model.num_classes} for "
                  f"balanced classes). Runs in `{args.runs}` (resumable: rerun the command).", "",
@@ -298,37 +342,22 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
 
 
 def cmd_choose_lr(args: argparse.Namespace) -> int:
-    """Per learning rate (over its seeds' sweep runs of one task and model): the mean cross-entropy and accuracy
-    over the training lengths from range.jsonl, and the rate with the lowest loss (formal_pilots.choose_lr)."""
+    """Per learning rate (over its seeds' runs of one task and model): the mean cross-entropy and accuracy over the
+    training lengths (sweep runs: range.jsonl; pilots with --at-step: that step's fit check), and the rate with the
+    lowest loss (formal_pilots.choose_lr)."""
     import shlex
 
-    from regulargpt.evaluation.formal_pilots import LrCandidate, choose_lr
-    from regulargpt.evaluation.formal_scoring import read_rows
-    from regulargpt.files import atomic_write_text, read_json_object
+    from regulargpt.evaluation.formal_pilots import choose_lr, lr_candidates
+    from regulargpt.files import atomic_write_text
     from regulargpt.provenance import provenance
 
-    per_lr: dict[float, list[tuple[int, float, float]]] = {}
-    cells = set()
-    for run_dir in map(Path, args.runs):
-        info = read_json_object(run_dir / SWEEP_FILE, ConfigError, hint="choose-lr reads runs made by `sweep`")
-        cfg = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
-        if not isinstance(cfg, FormalConfig):
-            raise ConfigError(f"{run_dir / CONFIG_FILE}: missing or not a formal-language run's config")
-        lo, hi = cfg.data.min_length, cfg.data.max_length
-        rows = [row for t, row in read_rows(run_dir / RANGE_FILE).items() if lo <= t <= hi]
-        if not rows or any("loss" not in row for row in rows):
-            raise RangeEvalError(f"{run_dir / RANGE_FILE}: no loss in its training-length rows ({lo}..{hi}); they "
-                                 f"were evaluated before range rows had one: run the sweep again into a new --out")
-        cells.add((info["task_id"], info["model"]))
-        per_lr.setdefault(float(info["lr"]), []).append((int(info["seed"]), float(np.mean([r["loss"] for r in rows])),
-                                                         float(np.mean([r["accuracy"] for r in rows]))))
-    if len(cells) != 1:
-        raise ConfigError(f"choose-lr compares one task and model; --runs hold {sorted(cells)}")
-    candidates = [LrCandidate(lr, *map(tuple, zip(*sorted(runs)))) for lr, runs in sorted(per_lr.items())]
+    (task, model), candidates = lr_candidates([Path(r) for r in args.runs], args.at_step)
     best = choose_lr(candidates)
-    (task, model), = cells
+    source = (f"the fit check at step {args.at_step:,} (64 strings per length)" if args.at_step else
+              "the range evaluation of the kept model")
     lines = [f"Task {task}, model {model}: mean over the training lengths of the fixed evaluation strings' "
-             f"cross-entropy (nats) and accuracy, per seed; the rate with the lowest mean loss is chosen.", "",
+             f"cross-entropy (nats) and accuracy, per seed, from {source}; the rate with the lowest mean loss is "
+             f"chosen.", "",
              "| lr | seeds | loss per seed | mean loss | fit per seed | chosen |", "|---:|---|---|---:|---|---|"]
     lines += [f"| {c.lr:g} | {', '.join(map(str, c.seeds))} | {', '.join(f'{x:.2e}' for x in c.losses)} | "
               f"{c.loss:.2e} | {', '.join(f'{x:.3f}' for x in c.fits)} | {'**yes**' if c is best else ''} |"
@@ -371,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recorded", help="table1 JSON whose run records count as finished runs (default: "
                                       "results/formal/table1_<profile>.json if it exists)")
     p.add_argument("--retrain-recorded", action="store_true", help="train recorded runs again too")
+    p.add_argument("--list", action="store_true", help="print the runs the sweep would train (not yet recorded) and "
+                                                       "stop; nothing is trained")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
@@ -382,6 +413,18 @@ def main(argv: list[str] | None = None) -> int:
                                   "profile plans their recipe (default: OUT_DIR/table1_<profile>.json if it exists)")
     p.add_argument("--fresh", action="store_true", help="carry nothing: tabulate only the runs under --runs")
     p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("reproduce", help="retrain one recorded run from its run record and compare the scores")
+    p.add_argument("--task", required=True, help="task config of the record, e.g. dyck_3")
+    p.add_argument("--model", required=True, help="model preset of the record, e.g. regular_gpt_c2")
+    p.add_argument("--seed", required=True, type=non_negative_int, help="seed of the record, e.g. 0")
+    p.add_argument("--lr", type=positive_float, help="learning rate (only when the table records several)")
+    p.add_argument("--profile", default="cpu", help="profile whose table holds the record (default cpu)")
+    p.add_argument("--table", help="table1 JSON holding the record (default results/formal/table1_<profile>.json)")
+    p.add_argument("--out", help="keep the retrained run under this folder (default: a temporary one, removed)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1, as the sweep)")
+    p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("time-to-solve", help="training seconds until the held-out score first reaches 0.99")
     p.add_argument("--profile", default="cpu", help="profile giving each task's config (default cpu)")
@@ -413,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="+", required=True,
                    help="sweep run directories of one task and model at several lrs, e.g. RUNS/even_pairs/"
                         "regular_gpt_c2/seed*_lr*")
+    p.add_argument("--at-step", type=positive_int,
+                   help="read long-run pilots (OUT/<task>/<model>/seed*_lr*, --check-lengths 1-40) at this step's "
+                        "fit check instead of sweep runs' range.jsonl")
     p.add_argument("--out", help="markdown report")
     p.set_defaults(func=cmd_choose_lr)
 
@@ -421,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="regular_gpt_c2", help="model preset (default regular_gpt_c2)")
     p.add_argument("--profile", default="cpu", help="profile giving the recipe (default cpu)")
     p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2], help="seeds (default 0 1 2)")
+    p.add_argument("--lrs", nargs="+", type=positive_float,
+                   help="learning rates, each a run per seed (default: the profile's); choose-lr --at-step reads "
+                        "the pilots' training-length loss")
     p.add_argument("--steps", type=positive_int, default=100_000, help="target steps per seed (default 100000)")
     p.add_argument("--slice", type=positive_int, default=1000, help="steps per seed before the next seed's turn (default 1000)")
     p.add_argument("--every", type=positive_int, default=500, help="steps between held-out checks (default 500)")

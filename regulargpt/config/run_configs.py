@@ -69,6 +69,12 @@ class FormalConfig:
         if self.model.head != "classifier":
             raise ConfigError(f"model.head: {self.model.head!r} is not allowed; expected 'classifier' (formal-language "
                               f"training trains a sequence classifier)")
+        window = (self.eval.select_last - 1) * self.eval.select_every
+        if window >= self.train.steps:
+            raise ConfigError(f"eval.select_last = {self.eval.select_last}, eval.select_every = "
+                              f"{self.eval.select_every}: the first checked step would be train.steps - {window} < 1 "
+                              f"(train.steps = {self.train.steps}); expected (select_last - 1) x select_every < "
+                              f"train.steps")
 
 
 # DeepSpeed keys the typed `train` fields set (regulargpt.train.engine.deepspeed_config): a pass-through value may

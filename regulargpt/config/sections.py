@@ -266,16 +266,22 @@ class EvalConfig(_Section):
 @dataclass(frozen=True)
 class FormalEvalConfig(_Section):
     """Range evaluation of a formal-language classifier: `samples_per_length` strings at every length
-    1..max_length; the score is the mean accuracy over score_min_length..max_length (41..500: the unseen lengths)."""
+    1..max_length; the score is the mean accuracy over score_min_length..max_length (41..500: the unseen lengths).
+
+    The model evaluated is the one the run keeps (:mod:`regulargpt.train.formal_selection`): with ``select_last``
+    N > 1, the best training-length fit among the models at steps train.steps − k·``select_every``, k < N; with
+    N = 1 (default) the last model."""
 
     max_length: int = 500
     samples_per_length: int = 512
     score_min_length: int = 41
+    select_last: int = 1  # keep the best fit of the last N checks (1 = the last model)
+    select_every: int = 100  # steps between those checks
 
     section: ClassVar[str] = "eval"
 
     def __post_init__(self) -> None:
-        self._positive("max_length", "samples_per_length", "score_min_length")
+        self._positive("max_length", "samples_per_length", "score_min_length", "select_last", "select_every")
         if self.score_min_length > self.max_length:
             self._fail("score_min_length", self.score_min_length, f"<= max_length={self.max_length} (the score "
                        f"averages lengths score_min_length..max_length)")

@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from regulargpt.evaluation.formal_scoring import RangeEvalError
+from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
+from regulargpt.evaluation.formal_scoring import RangeEvalError, read_rows
+from regulargpt.files import read_json_object, read_jsonl
+from regulargpt.run_directory import saved_config
+from regulargpt.run_directory.layout import CONFIG_FILE, RANGE_FILE, SOLVE_FILE, SWEEP_FILE
 
-__all__ = ["LrCandidate", "check_rows", "choose_lr", "recommended_steps", "stable_step", "task_steps"]
+__all__ = ["LrCandidate", "check_rows", "choose_lr", "lr_candidates", "recommended_steps", "stable_step",
+           "task_steps"]
 
 
 def check_rows(rows: list[dict[str, Any]], min_length: int, max_length: int, source: str) -> list[dict[str, Any]]:
@@ -127,3 +133,50 @@ def choose_lr(candidates: list[LrCandidate]) -> LrCandidate:
         raise RangeEvalError(f"choose_lr: the candidates hold different seeds {sorted(seeds)}; compare learning "
                              f"rates on the same seeds")
     return min(candidates, key=lambda c: (c.loss, c.lr))
+
+
+def _training_length_grades(run_dir: Path, cfg: FormalConfig, at_step: int | None) -> tuple[float, float]:
+    """(mean cross-entropy, mean accuracy) of one run over its training lengths: from ``range.jsonl`` (a sweep run,
+    the model it kept), or with `at_step` from the fit check at that step of ``time_to_solve.jsonl`` (a pilot)."""
+    lo, hi = cfg.data.min_length, cfg.data.max_length
+    if at_step is not None:
+        source = run_dir / SOLVE_FILE
+        rows = read_jsonl(source)
+        check_rows(rows, lo, hi, str(source))  # refuses checks past the training lengths
+        row = next((r for r in rows if r["step"] == at_step), None)
+        if row is None:
+            raise RangeEvalError(f"{source}: no fit check at step {at_step} (checked steps "
+                                 f"{rows[0]['step'] if rows else '-'}..{rows[-1]['step'] if rows else '-'}); train "
+                                 f"the pilot that far or choose another --at-step")
+        return float(row["loss"]), float(row["score"])
+    rows = [row for t, row in read_rows(run_dir / RANGE_FILE).items() if lo <= t <= hi]
+    if not rows or any("loss" not in row for row in rows):
+        raise RangeEvalError(f"{run_dir / RANGE_FILE}: no loss in its training-length rows ({lo}..{hi}); they "
+                             f"were evaluated before range rows had one: run the sweep again into a new --out")
+    return float(np.mean([r["loss"] for r in rows])), float(np.mean([r["accuracy"] for r in rows]))
+
+
+def lr_candidates(run_dirs: list[Path], at_step: int | None = None) -> tuple[tuple[str, str], list[LrCandidate]]:
+    """((task, model), one LrCandidate per learning rate) from runs of one task and model at several rates: sweep
+    runs (``sweep.json``; their range evaluation's training lengths) or, with `at_step`, ``long-run`` pilots
+    (``OUT/<task>/<model>/seed<S>_lr<LR>``; their fit check at that step). A ConfigError when the runs hold
+    several tasks or models."""
+    per_lr: dict[float, list[tuple[int, float, float]]] = {}
+    cells = set()
+    for run_dir in map(Path, run_dirs):
+        cfg = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
+        if not isinstance(cfg, FormalConfig):
+            raise ConfigError(f"{run_dir / CONFIG_FILE}: missing or not a formal-language run's config")
+        if at_step is None:
+            info = read_json_object(run_dir / SWEEP_FILE, ConfigError, hint="choose-lr reads runs made by `sweep` "
+                                                                               "(pilots: --at-step STEP)")
+            cell, seed, lr = (info["task_id"], info["model"]), int(info["seed"]), float(info["lr"])
+        else:  # the sweep layout OUT/<task>/<model>/<point>, which long-run uses too
+            cell, seed, lr = (run_dir.parent.parent.name, run_dir.parent.name), cfg.train.seed, cfg.train.lr
+        cells.add(cell)
+        loss, acc = _training_length_grades(run_dir, cfg, at_step)
+        per_lr.setdefault(lr, []).append((seed, loss, acc))
+    if len(cells) != 1:
+        raise ConfigError(f"choose-lr compares one task and model; --runs hold {sorted(cells)}")
+    candidates = [LrCandidate(lr, *map(tuple, zip(*sorted(runs)))) for lr, runs in sorted(per_lr.items())]
+    return cells.pop(), candidates

@@ -11,25 +11,40 @@ Example record (what ``"runs"`` holds, one per run)::
     {"task_id": "parity_check", "model": "regular_gpt_c2", "seed": 1, "lr": 0.001, "recipe": "b41706626ea8",
      "steps": 1000, "d_model": 64, "parameters": 50066, "train_seconds": 31.2, "score": 1.0, "fit": 1.0,
      "trained_p_one": 0.5, "table2": {"0.1": [1.0, 1.0], "0.5": [1.0, 1.0]},
-     "protocol": {"train_lengths": "1..40", ...}, "commit": "93125fb6419d", "trained_at": "c9976a31d441"}
+     "protocol": {"train_lengths": "1..40", ...}, "commit": "93125fb6419d", "trained_at": "c9976a31d441",
+     "rule": "best-fit-of-5-every-100", "kept_step": 900}
 
 ``table2`` maps each evaluated P(1) to [mean accuracy over the training lengths, over the score lengths];
 ``commit`` is the commit of the aggregation that first read the run from its folder; ``trained_at`` the commit of
 the code that trained it (model.pt's ``code_commit``; absent in runs trained before it was stored). The recipe hash
 covers the config only: a numerically equivalent code change can still change a run (21f8a76 moved Even Pairs
-seed 0 from 0.980 to 0.999, docs/FORMAL.md), and ``trained_at`` tells which code a record's run saw.
+seed 0 from 0.980 to 0.999, docs/FORMAL.md), and ``trained_at`` tells which code a record's run saw. ``rule``
+names the checkpoint rule that chose the run's model (:mod:`regulargpt.train.formal_selection`; records written
+before the rule existed are ``"last"``) and ``kept_step`` the step of that model (None: the last step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from regulargpt.config import ConfigError
 from regulargpt.files import CorruptFileError, read_json_object
+from regulargpt.train.formal_selection import same_under_rule
 
-__all__ = ["RunRecord", "dump_records", "read_records"]
+if TYPE_CHECKING:
+    from regulargpt.experiments.formal_sweep import RunSpec
+
+__all__ = ["OTHER_RULE", "PLANNED", "SAME_MODEL", "STALE", "RunRecord", "dump_records", "eval_lengths_text",
+           "read_records", "standing", "standings"]
+
+# How a record stands against what the profile plans for its cell (:func:`standing`):
+PLANNED = "planned"  # trained with a recipe the profile plans, checkpoint rule included
+SAME_MODEL = "same model"  # trained as planned but kept by the last-model rule, and fit 1.0: the rule keeps it too
+OTHER_RULE = "other rule"  # trained as planned but kept by the last-model rule, which the planned rule could change
+STALE = "stale"  # trained with a recipe the profile no longer plans
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,8 @@ class RunRecord:
     protocol: dict[str, Any]  # length ranges, samples per length and batch size, as the table's protocol lines
     commit: str
     trained_at: str | None = None  # model.pt's code_commit: the code that trained the run (None: not recorded)
+    rule: str = "last"  # the checkpoint rule that kept the run's model (formal_selection.rule_name)
+    kept_step: int | None = None  # the step of the kept model (None: the last step, train.steps)
 
     @property
     def name(self) -> str:
@@ -88,6 +105,41 @@ def read_records(path: str | Path) -> list[RunRecord]:
     if not isinstance(payload["runs"], list):
         raise ConfigError(f"{path}: 'runs' must be a list of run records")
     return [RunRecord.from_json(raw, f"{path}: runs[{i}]") for i, raw in enumerate(payload["runs"])]
+
+
+def eval_lengths_text(lengths: Iterable[int]) -> str:
+    """A record's ``protocol["eval_lengths"]``: ``"60 lengths in 1..478"``."""
+    lengths = sorted(set(lengths))
+    return f"{len(lengths)} lengths in {lengths[0]}..{lengths[-1]}"
+
+
+def standing(record: RunRecord, spec: RunSpec) -> str | None:
+    """How `record` stands against the planned grid point `spec` of its cell: PLANNED (its recipe), SAME_MODEL or
+    OTHER_RULE (the same training, kept by the last-model rule while `spec` plans another; SAME_MODEL when its fit
+    was 1.0 over every training length, :func:`~regulargpt.train.formal_selection.same_under_rule`), None when
+    `record` was trained otherwise."""
+    if record.recipe == spec.recipe:
+        return PLANNED
+    if record.recipe != spec.last_model_recipe or record.rule == spec.rule:
+        return None
+    data = spec.cfg.data
+    covered = (set(range(data.min_length, data.max_length + 1)) <= set(spec.eval_lengths)
+               and record.protocol.get("eval_lengths") == eval_lengths_text(spec.eval_lengths))
+    return SAME_MODEL if same_under_rule(record.fit, record.rule, covered) else OTHER_RULE
+
+
+def standings(records: list[RunRecord], specs: list[RunSpec]) -> dict[str, str]:
+    """Record name → its standing against the planned grid points of its (task, model) cell: the best of
+    PLANNED, SAME_MODEL, OTHER_RULE over them, STALE when none plans its training."""
+    cells: dict[tuple[str, str], list[RunSpec]] = {}
+    for spec in specs:
+        cells.setdefault((spec.task_id, spec.model), []).append(spec)
+    order = [PLANNED, SAME_MODEL, OTHER_RULE]
+    out = {}
+    for record in records:
+        found = {standing(record, spec) for spec in cells.get((record.task_id, record.model), [])}
+        out[record.name] = next((s for s in order if s in found), STALE)
+    return out
 
 
 def dump_records(records: list[RunRecord]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ again, so rerunning the sweep command after a profile change is all it takes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import json
 import os
@@ -64,6 +65,7 @@ from regulargpt.files import atomic_write_text
 from regulargpt.run_directory import saved_config
 from regulargpt.run_directory.layout import MODEL_FILE, RANGE_FILE, SWEEP_FILE
 from regulargpt.tasks import Task, make_task
+from regulargpt.train.formal_selection import rule_name
 from regulargpt.train.formal_trainer import formal_task, train_formal
 
 __all__ = [
@@ -149,15 +151,30 @@ class RunSpec:
         """:func:`recipe_id` of this grid point's config."""
         return recipe_id(self.cfg)
 
+    @property
+    def rule(self) -> str:
+        """The checkpoint rule the run keeps its model by (:func:`regulargpt.train.formal_selection.rule_name`)."""
+        return rule_name(self.cfg.eval)
+
+    @property
+    def last_model_recipe(self) -> str:
+        """The recipe of the same training kept by the last-model rule (eval.select_last = 1): a run record with it
+        was trained exactly as this grid point trains, and only its kept checkpoint may differ."""
+        cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, select_last=1))
+        return recipe_id(cfg)
+
 
 def recipe_id(cfg: FormalConfig) -> str:
     """A short hash of what a run trains and how: the config values that differ from the code's defaults, without
     the seed and bookkeeping (logging, checkpoint cadence). Tables record it per cell so that a committed table made
-    with another recipe is detected as stale; a field added later with a default does not change it."""
-    import dataclasses
+    with another recipe is detected as stale; a field added later with a default does not change it. The checkpoint
+    rule (eval.select_last, select_every) is part of it; select_every alone is not, with select_last = 1 (the last
+    model) it changes nothing."""
     import hashlib
 
     skip = {("train", "seed"), ("train", "log_every"), ("train", "save_every"), ("train", "keep_last")}
+    if cfg.eval.select_last == 1:
+        skip.add(("eval", "select_every"))
     recipe = {}
     for section in ("model", "data", "train", "eval"):
         values, defaults = getattr(cfg, section), type(getattr(cfg, section))()

@@ -31,13 +31,23 @@ import torch
 
 from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved
 from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
-from regulargpt.experiments.formal_records import RunRecord, dump_records, read_records
+from regulargpt.experiments.formal_records import (
+    OTHER_RULE,
+    SAME_MODEL,
+    STALE,
+    RunRecord,
+    dump_records,
+    eval_lengths_text,
+    read_records,
+    standings,
+)
 from regulargpt.experiments.formal_sweep import STALE_MARK, Profile, RunSpec, recipe_id
 from regulargpt.experiments.table_changes import describe_changes, read_table, same_apart_from_provenance
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
 from regulargpt.run_directory import saved_config
 from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE, RANGE_FILE, SWEEP_FILE
+from regulargpt.train.formal_selection import describe_rule, rule_name
 
 __all__ = ["FIT_THRESHOLD", "FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
 
@@ -80,8 +90,7 @@ class FinishedRun:
         data, ev = self.cfg.data, self.cfg.eval
         scored = [t for t in self.eval_lengths if ev.score_min_length <= t <= ev.max_length]
         protocol = {"train_lengths": f"{data.min_length}..{data.max_length}",
-                    "eval_lengths": f"{len(self.eval_lengths)} lengths in {min(self.eval_lengths)}.."
-                                    f"{max(self.eval_lengths)}",
+                    "eval_lengths": eval_lengths_text(self.eval_lengths),
                     "score_lengths": f"{len(scored)} lengths in {ev.score_min_length}..{ev.max_length}",
                     "samples_per_length": self.samples, "batch_size": self.cfg.train.batch_size}
         table2 = {f"{p:g}": [range_score(rows, data.min_length, data.max_length),
@@ -92,7 +101,8 @@ class FinishedRun:
             steps=self.cfg.train.steps, d_model=self.cfg.model.d_model, parameters=self.parameters,
             train_seconds=float(self.meta.get("train_seconds", float("nan"))), score=self.score, fit=self.fit,
             trained_p_one=float(data.task_options.get("p_one", 0.5)), table2=table2, protocol=protocol,
-            commit=commit, trained_at=self.meta.get("code_commit"))
+            commit=commit, trained_at=self.meta.get("code_commit"), rule=rule_name(ev),
+            kept_step=self.meta.get("kept_step"))
 
 
 def collect_runs(runs_dir: str | Path, profile: str) -> tuple[list[FinishedRun], list[str]]:
@@ -140,10 +150,13 @@ def _ordered(values: list[str], preferred: list[str]) -> list[str]:
 
 
 def table1(runs: list[RunRecord], tasks: list[str], models: list[str],
-           expected: dict[tuple[str, str], int] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """{task: {model: {"max", "mean", "n", "scores", "recipes", "expected", "fits", "unfit"}}} over the finished
-    runs of each (task, model); `fits` holds each run's fit (None: not evaluated on training lengths), `unfit` how
-    many are below FIT_THRESHOLD. With `expected` (runs the profile plans per cell) every planned cell appears,
+           expected: dict[tuple[str, str], int] | None = None,
+           other_rule: frozenset[str] | set[str] = frozenset()) -> dict[str, dict[str, dict[str, Any]]]:
+    """{task: {model: {"max", "mean", "n", "scores", "recipes", "expected", "fits", "unfit", "rules",
+    "other_rule"}}} over the finished runs of each (task, model); `fits` holds each run's fit (None: not evaluated
+    on training lengths), `unfit` how many are below FIT_THRESHOLD, `rules` the checkpoint rules that kept the
+    runs' models, `other_rule` how many of them are named in `other_rule` (kept by another rule than the profile
+    plans, which it could change). With `expected` (runs the profile plans per cell) every planned cell appears,
     n = 0 while none has finished."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     expected = expected or {}
@@ -156,6 +169,8 @@ def table1(runs: list[RunRecord], tasks: list[str], models: list[str],
             cell["recipes"] = sorted({r.recipe for r in mine})
             cell["fits"] = [r.fit for r in mine]
             cell["unfit"] = sum(f is not None and f < FIT_THRESHOLD for f in cell["fits"])
+            cell["rules"] = sorted({r.rule for r in mine})
+            cell["other_rule"] = sum(r.name in other_rule for r in mine)
             cell["expected"] = expected.get((task, model), len(mine))
             out.setdefault(task, {})[model] = cell
     return out
@@ -198,10 +213,31 @@ def _settings(runs: list[RunRecord]) -> list[dict[str, Any]]:
              "train_seconds": float(np.mean(row["train_seconds"]))} for row in rows.values()]
 
 
+def _rule_lines(records: list[RunRecord], standing: dict[str, str], cell_rule: dict[tuple[str, str], str]) -> list[str]:
+    """Which checkpoint rule made the runs (one line per rule the profile plans): how many runs it kept, how many
+    kept by the last model are the same model (SAME_MODEL), how many it could still change (OTHER_RULE, ‡)."""
+    lines = []
+    for rule in sorted(set(cell_rule.values()) or {r.rule for r in records}):
+        mine = [r for r in records if cell_rule.get((r.task_id, r.model), r.rule) == rule]
+        same = sum(standing.get(r.name) == SAME_MODEL for r in mine)
+        other = sum(standing.get(r.name) == OTHER_RULE for r in mine)
+        parts = [f"{len(mine) - same - other} runs kept by it"]
+        if same:
+            parts.append(f"{same} kept by the last-model rule (trained before this rule) with a fit of 1.000 over "
+                         f"every training length at their last step, the model this rule keeps too (ties go to "
+                         f"the last)")
+        if other:
+            parts.append(f"{other} kept by the last-model rule, which this rule could change (cells marked ‡; the "
+                         f"sweep trains them again)")
+        lines.append(f"- Checkpoint kept (eval.select_last / select_every): {describe_rule(rule)} (`{rule}`): "
+                     + "; ".join(parts))
+    return lines
+
+
 def _header(title: str, prov: dict[str, str], profile: str, pending: list[str],
-            carried: list[RunRecord] = (), records: list[RunRecord] = ()) -> list[str]:
+            carried: list[RunRecord] = (), records: list[RunRecord] = (), rules: list[str] = ()) -> list[str]:
     lines = [f"# {title} — profile `{profile}`", "", f"- Command: `{prov['command']}`", f"- Commit: {prov['commit']}",
-             f"- Machine: {prov['machine']}", f"- Date: {prov['date']}"]
+             f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", *rules]
     if records:
         trained = [r.trained_at or "not recorded" for r in records]
         lines.append("- Runs trained by the code at: " + ", ".join(f"{c} ({trained.count(c)})"
@@ -229,6 +265,13 @@ def _fmt(cell: dict[str, Any] | None) -> str:
         return f"pending (0 of {expected})"
     text = f"{cell['max']:.3f} / {cell['mean']:.3f}"
     return f"{text} ({cell['n']})" if cell["n"] >= expected else f"{text} ({cell['n']} of {expected}; rest pending)"
+
+
+def _marks(cell: dict[str, Any] | None) -> str:
+    """`` †`` when a run of the cell did not fit its training lengths, `` ‡`` when one was kept by another
+    checkpoint rule than the profile plans."""
+    cell = cell or {}
+    return (" †" if cell.get("unfit") else "") + (" ‡" if cell.get("other_rule") else "")
 
 
 def _fmt_fit(cell: dict[str, Any] | None) -> str:
@@ -274,27 +317,32 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     runs += carried
     pending = [name for name in pending if name not in {r.name for r in carried}]
     expected: dict[tuple[str, str], int] = {}
-    planned: dict[tuple[str, str], set[str]] = {}
+    cell_rule: dict[tuple[str, str], str] = {}
     for spec in specs or []:
         expected[(spec.task_id, spec.model)] = expected.get((spec.task_id, spec.model), 0) + 1
-        planned.setdefault((spec.task_id, spec.model), set()).add(spec.recipe)
-    stale = [r for r in runs if specs is not None and r.recipe not in planned.get((r.task_id, r.model), set())]
+        cell_rule.setdefault((spec.task_id, spec.model), spec.rule)
+    standing = standings(runs, specs) if specs is not None else {}
+    stale = [r for r in runs if standing.get(r.name) == STALE]
     runs = sorted((r for r in runs if all(r is not x for x in stale)), key=lambda r: r.name)
     carried = [r for r in carried if r in runs]
     pending += [f"{r.name} {STALE_NOTE}" for r in stale]
+    other_rule = {name for name, s in standing.items() if s == OTHER_RULE}
     out_dir = Path(out_dir)
-    t1, proto, settings = table1(runs, tasks, models, expected), _protocol(runs), _settings(runs)
+    t1, proto, settings = table1(runs, tasks, models, expected, other_rule), _protocol(runs), _settings(runs)
     task_order = _ordered([s["task"] for s in settings], tasks)
     model_order = _ordered([s["model"] for s in settings], models)
     settings.sort(key=lambda s: (task_order.index(s["task"]), model_order.index(s["model"])))
     cols = _ordered(sorted({m for row in t1.values() for m in row}), models)
-    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried, runs)
+    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried, runs,
+                 _rule_lines(runs, standing, cell_rule))
     md += _protocol_lines(proto)
     md += ["Cells: max / mean over seeds × learning rates of the score (number of finished runs; a cell whose "
            "runs are not all finished says how many of the planned runs it holds). † = at least one of the cell's "
            f"runs did not fit its training lengths (mean accuracy over them < {FIT_THRESHOLD:g}): there a low score "
            "is a failure to learn the task, not to extrapolate it. Below each section, the same runs' fit: max / "
-           "mean over the runs of the mean accuracy over the training lengths."]
+           "mean over the runs of the mean accuracy over the training lengths."
+           + (" ‡ = the cell holds runs whose model the last-model rule kept and the profile's checkpoint rule "
+              "could change (not trained again yet; the header counts them)." if other_rule else "")]
     sections = profile.sections or {"": list(t1)}
     rest = [t for t in t1 if not any(t in members for members in sections.values())]
     if rest:
@@ -305,8 +353,8 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
             continue
         md += [""] + ([f"### {title}", ""] if title else [])
         md += ["| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        md += [f"| {task} | " + " | ".join(_fmt(t1[task].get(m)) + (" †" if (t1[task].get(m) or {}).get("unfit")
-                                                                   else "") for m in cols) + " |" for task in rows]
+        md += [f"| {task} | " + " | ".join(_fmt(t1[task].get(m)) + _marks(t1[task].get(m)) for m in cols) + " |"
+               for task in rows]
         md += ["", f"Fit on the training lengths{f' ({title})' if title else ''}:", "",
                "| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         md += [f"| {task} | " + " | ".join(_fmt_fit(t1[task].get(m)) for m in cols) + " |" for task in rows]
@@ -324,9 +372,12 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
 
     t2 = table2(runs, table2_task, table2_p_one, models)
     ps = [f"{p:g}" for p in table2_p_one]
+    t2_runs = [r for r in runs if r.task_id == table2_task]
+    t2_other = {r.model for r in t2_runs if r.name in other_rule}  # ‡ after the model: see Table 1's note
     md = _header(f"Table 2: {table2_task} trained at P(1) = 0.5, evaluated at other P(1)", prov, profile_name,
                  [p for p in pending if p.startswith(f"{table2_task}/")],
-                 [r for r in carried if r.task_id == table2_task])
+                 [r for r in carried if r.task_id == table2_task], (),
+                 _rule_lines(t2_runs, standing, {k: v for k, v in cell_rule.items() if k[0] == table2_task}))
     md += _protocol_lines({k: v for k, v in proto.items() if k == table2_task})
     md += ["Cells: max / mean over seeds × learning rates of the mean accuracy over the lengths named "
            "(number of runs)."]
@@ -335,7 +386,8 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
                     for e in proto.get(table2_task, [])), "")
         md += ["", f"Over the {title} ({rng}):", "", "| model | " + " | ".join(f"P(1)={p}" for p in ps) + " |",
                "|---" * (len(ps) + 1) + "|"]
-        md += [f"| {model} | " + " | ".join(_fmt(row.get(p)) for p in ps) + " |" for model, row in t2[key].items()]
+        md += [f"| {model}{' ‡' if model in t2_other else ''} | " + " | ".join(_fmt(row.get(p)) for p in ps) + " |"
+               for model, row in t2[key].items()]
     payload = {"provenance": prov, "profile": profile_name, "task": table2_task, "p_one": table2_p_one,
                "protocol": proto.get(table2_task, []), "table": t2}
     written += _write(out_dir / f"table2_{profile_name}", "\n".join(md) + "\n", payload, log)

@@ -16,7 +16,9 @@ fallback are the shared :mod:`regulargpt.run_directory`)::
     DIR/metrics.jsonl          {"step", "loss", "acc", "lr", "length", "seconds"} every train.log_every steps
     DIR/ckpt.pt                model + optimizer + step + RNG states, every train.save_every steps and at the end
     DIR/ckpt.prev.pt           the checkpoint before it (each save renames ckpt.pt to this, then writes ckpt.pt)
-    DIR/model.pt               the final model (regulargpt.checkpoint format), written last
+    DIR/model.pt               the kept model (regulargpt.checkpoint format), written last: the last step's, or
+                               with eval.select_last > 1 the best training-length fit of the last checks
+                               (:mod:`regulargpt.train.formal_selection`; meta: kept_step, selection)
     DIR/time_to_solve.jsonl    with a :class:`SolveCheck`: {"step", "seconds", "cpu_seconds", "score", "loss",
                                "lengths"} every `every` steps (training wall and process-CPU seconds so far, checks
                                excluded; score and loss: mean accuracy and cross-entropy over the checked lengths)
@@ -56,6 +58,7 @@ from regulargpt.provenance import git_commit
 from regulargpt.run_directory.layout import CKPT_FILE, CONFIG_FILE, METRICS_FILE, MODEL_FILE, SOLVE_FILE
 from regulargpt.tasks import Task, TaskError, make_task
 from regulargpt.train.engine import TrainError
+from regulargpt.train.formal_selection import KeptModel
 from regulargpt.run_directory import (
     ResumePolicy,
     check_config_unchanged,
@@ -69,7 +72,7 @@ from regulargpt.run_directory import (
 
 __all__ = ["SolveCheck", "check_lengths_option", "formal_task", "seed_stream", "train_formal"]
 
-_CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")  # + cpu_seconds (optional)
+_CKPT_KEYS = ("model", "optimizer", "data_rng", "torch_rng", "step", "seconds", "bad_steps")  # + cpu_seconds, kept
 _INIT_STREAM, _DATA_STREAM, _TORCH_STREAM = 0, 1, 2
 _RESUME_FREE = ResumePolicy(sections=("logging",))  # may differ between a run and its resumption
 
@@ -189,6 +192,7 @@ def train_formal(
     data_gen = torch.Generator().manual_seed(seed_stream(tc.seed, _DATA_STREAM))
     torch_rng = torch.Generator().manual_seed(seed_stream(tc.seed, _TORCH_STREAM)).get_state()
     step, seconds, cpu_seconds, bad_steps = 0, 0.0, 0.0, 0
+    kept = KeptModel(cfg, task) if cfg.eval.select_last > 1 else None  # None: the last model is kept
     state = load_ckpt(run_dir, _CKPT_KEYS)
     if state is not None:
         try:
@@ -201,6 +205,8 @@ def train_formal(
         torch_rng = state["torch_rng"]
         step, seconds, bad_steps = state["step"], state["seconds"], state["bad_steps"]
         cpu_seconds = state.get("cpu_seconds", 0.0)
+        if kept is not None:
+            kept.load_state(state.get("kept"), str(run_dir / CKPT_FILE))
     truncate_after(run_dir / SOLVE_FILE, step)
     solved = next((row for row in read_jsonl(run_dir / SOLVE_FILE)
                    if solve_check and row["score"] >= solve_check.threshold), None) if solve_check else None
@@ -209,7 +215,7 @@ def train_formal(
         save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                "data_rng": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
                                "step": step, "seconds": seconds, "cpu_seconds": cpu_seconds,
-                               "bad_steps": bad_steps})
+                               "bad_steps": bad_steps, "kept": kept and kept.state()})
 
     model.train()
     lengths = cfg.data.max_length - cfg.data.min_length + 1
@@ -262,6 +268,8 @@ def train_formal(
                     solved = row
                     bar.write(f"solved: check score {score:.3f} (lengths {solve_check.span[0]}..{solve_check.span[1]}) "
                               f"at step {step} after {seconds:.1f} s of training")
+            if kept is not None:
+                kept.observe(step, model)
             if (tc.save_every and step % tc.save_every == 0) or step == end:
                 checkpoint()
     bar.close()
@@ -270,6 +278,8 @@ def train_formal(
     # code_commit: the code that trained the run (its last slice); the recipe hash covers the config, not the code
     meta: dict[str, Any] = {"step": step, "train_seconds": round(seconds, 3), "bad_steps": bad_steps,
                             "task": cfg.data.task, "code_commit": git_commit()}
+    if kept is not None:  # ckpt.pt keeps the last step's weights (resume, extension); model.pt the kept ones
+        meta.update(kept.keep(model))
     if solve_check:
         meta.update(solved_step=solved and solved["step"], solved_seconds=solved and solved["seconds"],
                     solved_cpu_seconds=solved and solved.get("cpu_seconds"))
