@@ -168,3 +168,23 @@ def test_torch_compile_captures_the_operator_and_its_backward() -> None:
     compiled = _outputs_and_grads(torch.compile(attend, fullgraph=True), leaves, dout)
     for a, b in zip(eager, compiled, strict=True):
         assert torch.equal(a, b)
+
+
+def test_public_dispatch_by_name_runs_the_triton_kernel() -> None:
+    """sliding_dilated_attention(..., algorithm="triton") on the (B, H, T, Dh) contract equals the dense reference,
+    forward and gradients, and refuses fp64 with a message naming the algorithms that take it."""
+    from regulargpt.model.sliding_dilated import sliding_dilated_attention
+
+    leaves = _leaves(1, 11, 2, 4, 3, True)
+    dout = torch.randn(1, 11, 2, 4, device=DEVICE)
+
+    def public():
+        q, k, v = (x.transpose(1, 2) for x in leaves[:3])  # (B, H, T, Dh) views
+        return sliding_dilated_attention(q, k, v, leaves[3], 3, *leaves[4:], algorithm="triton").transpose(1, 2)
+
+    got = _outputs_and_grads(public, leaves, dout)
+    want = _outputs_and_grads(lambda: _reference(*leaves[:4], 3, *leaves[4:]), leaves, dout)
+    _assert_close(got, want, 1e-5)
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64, device=DEVICE)
+    with pytest.raises(ValueError, match="fp64 runs on 'cpp', 'shift' or 'blocked'"):
+        sliding_dilated_attention(q, q, q, torch.zeros(2, 2, device=DEVICE), 1, algorithm="triton")

@@ -49,7 +49,7 @@ from regulargpt.model.dilation import fold_dilation, unfold_dilation
 __all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm",
            "choose_band", "fused_algorithm", "autocast_inputs"]
 
-Algorithm = Literal["auto", "cpp", "shift", "blocked", "flex"]
+Algorithm = Literal["auto", "cpp", "triton", "shift", "blocked", "flex"]
 
 
 def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype, device: str) -> str:
@@ -58,7 +58,9 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
 
     CPU: "cpp" (the C++ operator, `regulargpt.kernels.sliding_dilated_cpp`) whenever it builds on this machine
     (compiled once, cached on disk); when it cannot be built, one warning says why and `choose_band` decides.
-    CUDA: `choose_band` (no fused kernel is registered for it here).
+    CUDA: `choose_band`. The fused Triton kernel ("triton", `regulargpt.kernels.sliding_dilated_triton`) runs by
+    name only: it is tested against the dense reference under Triton's interpreter, but no GPU run has yet measured
+    it against blocked/shift, so `auto` does not pick it until `eval/gpu_check.sh` has (docs/PERFORMANCE.md).
     """
     return fused_algorithm(device) or choose_band(chunk_size, dilation, length, dtype)
 
@@ -282,7 +284,7 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
         rel_bias: (H, C) learnable per-head scalars; r[h, j] is added to the logit of key m - j·dilation.
         dilation: D = C**l at depth step l.
         pad_k, pad_v: (B, H, Dh) key/value read by out-of-range (negative) positions, or None to mask them.
-        algorithm: "cpp" (the fused C++ CPU operator), "shift", "blocked", "flex" (FlexAttention; CUDA, or CPU
+        algorithm: "cpp" (the fused C++ CPU operator), "triton" (the fused Triton kernel, CUDA), "shift", "blocked", "flex" (FlexAttention; CUDA, or CPU
             without gradients) or "auto" (`choose_algorithm`: the device's fused kernel when it builds, else the
             faster of shift and blocked for this C, folded length and dtype).
 
@@ -311,6 +313,21 @@ def _run_cpp(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, p
     return out.transpose(1, 2)  # (B, H, T, Dh) view of the contiguous (B, T, H, Dh) output
 
 
+def _run_triton(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
+                pad_v: Tensor | None) -> Tensor:
+    """The Triton operator (CUDA; CPU tensors only under TRITON_INTERPRET=1) on the same (B, T, H, Dh) views.
+    Imported on first use: triton ships with CUDA builds of torch and is only a dev extra on CPU machines."""
+    if q.dtype == torch.float64:
+        raise ValueError("algorithm='triton' takes fp32, bf16 or fp16 inputs; fp64 runs on 'cpp', 'shift' or 'blocked'")
+    try:
+        from regulargpt.kernels.sliding_dilated_triton import triton_sliding_dilated_attention
+    except ImportError as exc:
+        raise RuntimeError(f"algorithm='triton' needs the triton package ({exc}); install it or use 'auto'") from exc
+    out = triton_sliding_dilated_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias,
+                                           dilation, pad_k, pad_v)
+    return out.transpose(1, 2)  # (B, H, T, Dh) view of the contiguous (B, T, H, Dh) output
+
+
 def _folded(band: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """A band algorithm on the folded view (B, H, D, N, Dh), wrapped to take and return (B, H, T, Dh)."""
     def run(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
@@ -322,8 +339,8 @@ def _folded(band: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 # Every algorithm by name; "flex" runs outside (it keeps autocast). A device's fused kernel joins _FUSED too:
 # device → (its name, a function returning why it cannot run here, or None).
-_KERNELS: dict[str, Callable[..., Tensor]] = {"cpp": _run_cpp, "shift": _folded(_band_shift),
-                                              "blocked": _folded(_band_blocked)}
+_KERNELS: dict[str, Callable[..., Tensor]] = {"cpp": _run_cpp, "triton": _run_triton,
+                                              "shift": _folded(_band_shift), "blocked": _folded(_band_blocked)}
 _FUSED: dict[str, tuple[str, Callable[[], str | None]]] = {"cpu": ("cpp", sliding_dilated_cpp.build_error)}
 _FUSED_WARNED: set[str] = set()
 
