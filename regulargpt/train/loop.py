@@ -39,6 +39,7 @@ import sys
 import time
 import warnings
 from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,8 @@ def _seed_all(seed: int) -> None:
 
 
 class _Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]]) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]],
+                 lock: rd.RunDirLock) -> None:
         import deepspeed
         import torch.distributed as dist
 
@@ -119,14 +121,17 @@ class _Trainer:
         self.rank, self.world = env["rank"], env["world_size"]
         train_split, val_split, manifest = data
         self.fingerprint = _data_fingerprint(manifest)
-        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
-        if extending is not None and self.rank == 0:
-            rd.set_aside_export(run_dir, extending)
-        run_dir.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False,
                                    timeout=timedelta(seconds=cfg.train.dist_timeout_s))
+        took_over = self._rank0_decides(lock.acquire)  # before anything is written in the run directory
+        if took_over:
+            print(f"note: {took_over}", file=sys.stderr, flush=True)
+        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        if extending is not None and self.rank == 0:
+            rd.set_aside_export(run_dir, extending)
+        run_dir.mkdir(parents=True, exist_ok=True)
 
         t = cfg.train
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
@@ -192,22 +197,30 @@ class _Trainer:
             rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
         self.dist.barrier()
 
-    def _resume_point(self) -> int | None:
-        """Rank 0 picks the checkpoint (rd.resume_step: may set a corrupt one aside) and tells the other ranks."""
-        choice: list[Any] = [None]
+    def _rank0_decides(self, decide: Callable[[], Any]) -> Any:
+        """Run `decide` on rank 0 and hand its result to every rank; a TrainError it raises is raised on all."""
+        choice: list[Any] = [None, None]
         if self.rank == 0:
             try:
-                step, warnings_ = rd.resume_step(self.run_dir)
-                choice = [step]
-                for text in warnings_:
-                    print(f"warning: {text}", file=sys.stderr, flush=True)
+                choice = [decide(), None]
             except TrainError as err:
-                choice = [str(err)]
+                choice = [None, str(err)]
         if self.world > 1:
             self.dist.broadcast_object_list(choice, src=0)
-        if isinstance(choice[0], str):
-            raise TrainError(choice[0])
+        if choice[1] is not None:
+            raise TrainError(choice[1])
         return choice[0]
+
+    def _resume_point(self) -> int | None:
+        """Rank 0 picks the checkpoint (rd.resume_step: may set a corrupt one aside) and tells the other ranks."""
+
+        def pick() -> int | None:
+            step, warnings_ = rd.resume_step(self.run_dir)
+            for text in warnings_:
+                print(f"warning: {text}", file=sys.stderr, flush=True)
+            return step
+
+        return self._rank0_decides(pick)
 
     def _resume(self) -> None:
         step = self._resume_point()
@@ -429,13 +442,14 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
     stop.install()
     lifeline = Lifeline(stop.request)  # under a launcher: its end is a stop request too
     resume = launch_command(lifeline.start())
+    lock = rd.RunDirLock(Path(run_dir))  # taken by rank 0 in _Trainer, released on every way out of here
     try:
         import deepspeed  # noqa: F401  (after prepare_process_env: DS_ACCELERATOR must be set first)
 
         skip_shm_build()
         _quiet_deepspeed()
         check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
-        trainer = _Trainer(cfg, Path(run_dir), env, data)
+        trainer = _Trainer(cfg, Path(run_dir), env, data, lock)
         try:
             summary = trainer.run(stop)
         except RuntimeError as err:
@@ -445,5 +459,6 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
                                                 resume)) from err
         return {**summary, "stop_reason": stop.reason, "resume_command": resume}
     finally:
+        lock.release()
         lifeline.stop()
         stop.uninstall()
