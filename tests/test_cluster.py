@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, pretrain_args, pretrain_cmd, run_env, wait_for
+from helpers import ZERO3, ROOT, free_port, pretrain_args, pretrain_cmd, read_metrics, run_env, wait_for
 
 from regulargpt.errors import TrainError
 from regulargpt.run_directory import RunDirLock, lock_holder
@@ -122,4 +122,133 @@ def test_a_second_trainer_on_a_running_run_dir_exits_at_once_and_writes_nothing(
         if first.poll() is None:
             first.kill()
     assert not (run_dir / "trainer.lock").exists()  # released on the way out
+
+
+# ------------------------------------------------------------------------------------------ launch styles
+
+_LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _launcher_env(rank: int, world: int, style: str, job_id: int = 77) -> dict[str, str]:
+    """What `srun -N1 -n<world>` or a one-node `mpirun -n <world>` give rank `rank` (and nothing of torchrun's)."""
+    if style == "srun":
+        return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_STEP_NUM_TASKS": str(world),
+                "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": str(world),
+                "SLURM_STEP_NODELIST": "localhost", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": str(job_id)}
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(world)}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No launcher variables; OMP_NUM_THREADS set so that prepare_process_env leaves torch's threads alone."""
+    for key in list(os.environ):
+        if key in _LAUNCH_KEYS or key.startswith(("SLURM_", "OMPI_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return monkeypatch
+
+
+@pytest.mark.parametrize("given,expected", [
+    ({**_launcher_env(1, 2, "srun"), "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+      "SLURM_LOCALID": "0", "SLURM_NODEID": "1"},
+     {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "gpu07",
+      "MASTER_PORT": "15077"}),
+    ({**_launcher_env(0, 1, "srun"), "SLURM_STEP_NUM_TASKS": "1"},  # srun -n1, or a one-task batch script
+     {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}),
+    ({**_launcher_env(3, 4, "mpirun"), "SLURM_PROCID": "0", "SLURM_NTASKS": "1"},  # mpirun inside a SLURM job
+     {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+      "MASTER_PORT": "29500"}),
+    ({**_launcher_env(0, 2, "srun"), "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6000"},  # set by hand: kept
+     {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6000"}),
+])
+def test_each_launcher_style_gets_its_ranks(clean_env, given, expected):
+    from regulargpt.train.process_env import prepare_process_env
+
+    for key, value in given.items():
+        clean_env.setenv(key, value)
+    info = prepare_process_env()
+    assert {k: os.environ.get(k) for k in expected} == expected
+    assert info["rank"] == int(expected["RANK"]) and info["world_size"] == int(expected["WORLD_SIZE"])
+
+
+@pytest.mark.parametrize("given,message", [
+    ({"WORLD_SIZE": "2"}, r"WORLD_SIZE=2 but RANK is unset \(and no SLURM_PROCID or OMPI_COMM_WORLD_RANK\)"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "5"},
+     r"SLURM_NTASKS=4 but this process is not a task of an srun step .*srun python launch/pretrain.py"),
+    ({k: v for k, v in _launcher_env(0, 2, "srun").items() if k != "SLURM_LOCALID"},
+     r"SLURM_PROCID=0 and SLURM_STEP_NUM_TASKS=2 are set but SLURM_LOCALID is not"),
+    ({**_launcher_env(0, 4, "mpirun"), "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+     r"mpirun started 4 ranks over several nodes \(2 on this one\) but MASTER_ADDR and MASTER_PORT are not both"),
+    ({**_launcher_env(0, 2, "srun"), "WORLD_SIZE": "8"}, r"WORLD_SIZE=8 contradicts srun's 2 processes"),
+    ({**_launcher_env(0, 2, "srun"), "SLURM_STEP_TASKS_PER_NODE": "2(y3)"},
+     r"SLURM_STEP_TASKS_PER_NODE='2\(y3\)': cannot read"),
+])
+def test_a_launch_that_cannot_give_distinct_ranks_is_refused(clean_env, given, message):
+    from regulargpt.train.process_env import prepare_process_env
+
+    for key, value in given.items():
+        clean_env.setenv(key, value)
+    with pytest.raises(TrainError, match=message):
+        prepare_process_env()
+    assert "RANK" not in os.environ
+
+
+@pytest.mark.parametrize("nodelist,first", [("node5", "node5"), ("gpu[07-08,11],cpu1", "gpu07"),
+                                            ("a[1-2]b[3-4]", "a1b3"), ("x-[009,010]", "x-009")])
+def test_first_host_of_a_slurm_host_list(nodelist, first):
+    from regulargpt.train.process_env import first_host
+
+    assert first_host(nodelist) == first
+
+
+def test_tasks_on_node_expands_slurm_repeats():
+    from regulargpt.train.process_env import tasks_on_node
+
+    assert [tasks_on_node("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
+
+
+def _srun_job_id() -> int:
+    """A job id whose srun port (15000 + id mod 5000) is free now."""
+    import random
+
+    for port in random.sample(range(15000, 20000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return 100_000 + port - 15000
+    raise AssertionError("no free port in 15000-19999")
+
+
+def _start_ranks(world: int, style: str, args: list[str]) -> list[subprocess.CompletedProcess]:
+    """`world` plain `python launch/pretrain.py` processes, each given only its launcher's variables (mpirun: and a
+    free MASTER_PORT, where `mpirun -x MASTER_PORT` would pass one; its default 29500 may be taken here)."""
+    extra = {"MASTER_PORT": str(free_port())} if style == "mpirun" else {}
+    job_id = _srun_job_id()
+    procs = [subprocess.Popen(pretrain_cmd(1) + args, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE,
+                              env={**run_env(), **_launcher_env(r, world, style, job_id), **extra})
+             for r in range(world)]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+@pytest.mark.slow
+def test_two_ranks_started_by_srun_train_as_one_run(zero3_run, data_dir, tmp_path):
+    """Two processes with only srun's variables train the same run as torchrun's two ranks do: the same losses and
+    validation losses, bit for bit (zero3_run: torchrun, ZeRO-3, bf16). Before issue 26 each was "rank 0 of 1".
+    (mpirun's variables passed the same comparison once, in 183 s; their mapping is a fast test above.)"""
+    run_dir = tmp_path / "run"
+    procs = _start_ranks(2, "srun", pretrain_args(data_dir, run_dir, *ZERO3))
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert "2 process(es)" in procs[0].stderr
+    assert read_metrics(run_dir) and [{k: r.get(k) for k in ("step", "loss", "val_loss", "tokens")}
+                                      for r in read_metrics(run_dir)] == \
+        [{k: r.get(k) for k in ("step", "loss", "val_loss", "tokens")} for r in read_metrics(zero3_run)]
 

@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
                         "e.g. --extend-to 20000")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     args = p.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
     cfg = load_config(args.config, args.set)
     from regulargpt.train import default_run_dir, train
 
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)
-    if rank == 0 and summary["preempted"]:
+    if os.environ["RANK"] == "0" and summary["preempted"]:  # RANK: set by train() for every launcher
         print(f"stopped at step {summary['step']} ({summary['stop_reason'] or 'on another rank'}); checkpoint saved "
               f"in {run_dir}; rerun the same command to resume: {summary['resume_command']}", file=sys.stderr)
     return 0
