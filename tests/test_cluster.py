@@ -252,3 +252,37 @@ def test_two_ranks_started_by_srun_train_as_one_run(zero3_run, data_dir, tmp_pat
                                       for r in read_metrics(run_dir)] == \
         [{k: r.get(k) for k in ("step", "loss", "val_loss", "tokens")} for r in read_metrics(zero3_run)]
 
+
+# ------------------------------------------------------------------------------------------------- sbatch
+
+
+@pytest.mark.parametrize("cpus_per_task,expected_srun", [
+    ("8", ["--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpus-per-task=8"]),
+    (None, ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]),  # not asked for: SLURM's default
+])
+def test_sbatch_passes_cpus_per_task_to_the_job_step_and_prints_the_topology(tmp_path, cpus_per_task,
+                                                                             expected_srun):
+    """The batch script under bash with `srun` and `scontrol` on PATH replaced by recorders (a 2-node allocation of
+    8 CPUs per task, 2 ranks per node): srun must get --cpus-per-task, and the threads per rank follow from it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/srun.args\n')
+    (bin_dir / "scontrol").write_text('#!/bin/sh\ncase "$2" in hostnames) printf "n1\\nn2\\n" ;; '
+                                      'config) echo "KillWait = 120 sec" ;; esac\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "OMP_NUM_THREADS"}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", SLURM_JOB_ID="4321", SLURM_JOB_NODELIST="n[1-2]",
+               SLURM_JOB_NUM_NODES="2", SLURM_CPUS_ON_NODE="32", NPROC_PER_NODE="2",
+               REGULARGPT_ROOT=str(ROOT), REGULARGPT_PYTHON="python")
+    if cpus_per_task:
+        env["SLURM_CPUS_PER_TASK"] = cpus_per_task
+    proc = subprocess.run(["bash", str(ROOT / "launch/slurm/pretrain.sbatch"), "--run-dir", "runs/x"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    threads = int(cpus_per_task or 32) // 2
+    assert (f"topology: 2 node(s) x 2 rank(s) per node = 4 rank(s), {threads} thread(s) per rank "
+            f"({cpus_per_task or 32} CPU(s) per node)") in proc.stdout
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args[:len(expected_srun)] == expected_srun and args[len(expected_srun)] == "python"
+    assert args[args.index("--nproc_per_node") + 1] == "2"
