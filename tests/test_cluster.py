@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ZERO3, ROOT, free_port, pretrain_args, pretrain_cmd, read_metrics, run_env, wait_for
+from helpers import ZERO3, ROOT, free_port, pretrain, pretrain_args, pretrain_cmd, read_metrics, run_env, wait_for
 
 from regulargpt.errors import TrainError
 from regulargpt.run_directory import RunDirLock, lock_holder
@@ -286,3 +287,147 @@ def test_sbatch_passes_cpus_per_task_to_the_job_step_and_prints_the_topology(tmp
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args[:len(expected_srun)] == expected_srun and args[len(expected_srun)] == "python"
     assert args[args.index("--nproc_per_node") + 1] == "2"
+
+
+# ------------------------------------------------------------------------------------ another world size
+
+
+def _expected_first_loss(data_dir: Path, checkpoint_model: Path, world: int, accum: int, step: int,
+                         bf16: bool) -> float:
+    """The loss the resumed run must log for step `step` + 1, computed here from the checkpoint's consolidated
+    weights (launch/export.py: DeepSpeed's zero_to_fp32, not the universal conversion) on the batches the new world
+    draws: the mean over ranks of each rank's mean over its `accum` micro-batches."""
+    import torch
+    import torch.nn.functional as F
+
+    from regulargpt.checkpoint import load_model_file
+    from regulargpt.data import WindowSampler, open_split
+
+    cfg, model, _ = load_model_file(checkpoint_model)
+    model = model.to(torch.bfloat16) if bf16 else model
+    split = open_split(data_dir, "train")
+    total = 0.0
+    with torch.no_grad():
+        for rank in range(world):
+            sampler = WindowSampler(split, cfg.data.seq_len, cfg.train.batch_size, cfg.train.seed, rank, world)
+            for micro in range(accum):
+                batch = sampler.batch(step, micro)  # (B, T + 1)
+                logits = model(batch[:, :-1]).float()  # (B, T, V)
+                total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)).item()
+    return total / (world * accum)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before,after,sets", [
+    (2, 1, ["train.zero_stage=1"]),
+    (1, 2, [*ZERO3, "train.grad_accum=2"]),
+], ids=["2to1-zero1", "1to2-zero3-bf16"])
+def test_resume_on_another_world_size_keeps_the_global_batch_and_the_state(data_dir, tmp_path, before, after, sets):
+    """A run checkpointed at step 4 by `before` processes resumes on `after`: grad_accum changes so that the global
+    batch (and tokens per step) stay, step 5's loss is the loss of the checkpoint's weights on the new world's
+    batches, the Adam state continues (its step count reaches 8, not 4), and the losses continue the curve."""
+    import torch
+
+    sets = [*sets, "train.steps=8", "train.save_every=4", "train.eval_every=4"]
+    reference = tmp_path / "reference"
+    pretrain(data_dir, reference, *sets, nproc=before)
+    run_dir = tmp_path / "resumed"  # the reference as a run preempted right after its step-4 checkpoint
+    shutil.copytree(reference, run_dir)
+    shutil.rmtree(run_dir / "global_step8")
+    (run_dir / "model.pt").unlink()
+    (run_dir / "latest").write_text("global_step4")
+    exported = tmp_path / "step4.pt"
+    subprocess.run([sys.executable, str(ROOT / "launch/export.py"), str(run_dir), "--step", "4", "--out",
+                    str(exported)], cwd=ROOT, env=run_env(), check=True, capture_output=True, timeout=120)
+
+    proc = pretrain(data_dir, run_dir, *sets, nproc=after)
+    accum_before = 2 if "train.grad_accum=2" in sets else 1
+    accum_after = accum_before * before // after
+    assert (f"train.grad_accum {accum_before} → {accum_after} to keep the run's global batch of 8 sequences "
+            f"(4 per micro-batch × {accum_after} × {after} process(es); global_step4 was written by {before})"
+            in proc.stderr)
+    assert "resuming at step 4/8" in proc.stderr
+    ours, theirs = read_metrics(run_dir), read_metrics(reference)
+    assert [r["step"] for r in ours] == list(range(1, 9)) and ours[:4] == theirs[:4]
+    assert [r["tokens"] for r in ours] == [r["tokens"] for r in theirs]  # the same global batch at every step
+    expected = _expected_first_loss(data_dir, exported, after, accum_after, 4, bf16="train.precision=bf16" in sets)
+    assert ours[4]["loss"] == pytest.approx(expected, abs=2e-3 if "train.precision=bf16" in sets else 1e-5)
+    assert ours[4]["loss"] != pytest.approx(theirs[4]["loss"], abs=1e-6)  # other batches than the reference's
+    assert abs(sum(r["loss"] for r in ours[4:]) - sum(r["loss"] for r in theirs[4:])) / 4 < 0.05
+    state = json.loads((run_dir / "global_step8" / "trainer_state.json").read_text())
+    assert state["world_size"] == after and state["global_batch"] == 8 and state["grad_accum"] == accum_after
+    for path in (run_dir / "global_step8").glob("*optim_states.pt"):
+        saved = torch.load(path, weights_only=False)["optimizer_state_dict"]
+        adam = saved.get("base_optimizer_state") or saved["optimizer_state_dict"]
+        assert [float(s["step"]) for s in adam["state"].values()] == [8.0]  # 4 loaded + 4 trained
+    assert not (run_dir / "universal").exists()  # the conversion is dropped once a new checkpoint is sealed
+
+
+def _run_with_checkpoint(tmp_path: Path, world: int, grad_accum: int, batch_size: int = 4, legacy: bool = False):
+    """A run directory as far as the batch plan reads it: the saved config and global_step4's trainer state."""
+    from regulargpt.config import load_config, save_config
+
+    cfg = load_config(ROOT / "configs/tiny/regular_gpt.json", [f"train.batch_size={batch_size}",
+                                                               f"train.grad_accum={grad_accum}"])
+    run_dir = tmp_path / "run"
+    (run_dir / "global_step4").mkdir(parents=True)
+    save_config(cfg, run_dir / "config.resolved.json")
+    state = {"step": 4, "world_size": world}
+    if not legacy:
+        state.update(grad_accum=grad_accum, global_batch=batch_size * grad_accum * world)
+    (run_dir / "global_step4" / "trainer_state.json").write_text(json.dumps(state))
+    (run_dir / "latest").write_text("global_step4")
+    return run_dir, cfg
+
+
+@pytest.mark.parametrize("world,grad_accum,new_world,expected", [
+    (2, 1, 1, 2), (1, 4, 2, 2), (4, 3, 2, 6), (2, 2, 4, 1), (2, 1, 2, 1)])
+@pytest.mark.parametrize("legacy", [False, True], ids=["recorded", "from-config"])
+def test_grad_accum_keeps_the_global_batch(tmp_path, world, grad_accum, new_world, expected, legacy):
+    from regulargpt.run_directory import grad_accum_for
+
+    run_dir, cfg = _run_with_checkpoint(tmp_path, world, grad_accum, legacy=legacy)
+    accum, note = grad_accum_for(run_dir, cfg, new_world)
+    assert accum == expected and 4 * accum * new_world == 4 * grad_accum * world
+    assert (note is None) == (accum == grad_accum)
+
+
+@pytest.mark.parametrize("world,grad_accum,new_world,needed,divisors", [
+    (1, 1, 2, "0.5", "1"), (2, 1, 3, "0.667", "1, 2"), (3, 2, 4, "1.5", "1, 2, 3, 6")])
+def test_a_world_size_that_cannot_keep_the_global_batch_is_refused_with_the_numbers(tmp_path, world, grad_accum,
+                                                                                   new_world, needed, divisors):
+    from regulargpt.run_directory import grad_accum_for
+
+    run_dir, cfg = _run_with_checkpoint(tmp_path, world, grad_accum)
+    total = 4 * grad_accum * world
+    with pytest.raises(TrainError) as err:
+        grad_accum_for(run_dir, cfg, new_world)
+    assert (f"the run's global batch is {total} sequences per step (global_step4 was written by {world} "
+            f"process(es)); {new_world} processes with train.batch_size 4 would need train.grad_accum = {total} / "
+            f"(4 × {new_world}) = {needed}, not a whole number ≥ 1. Resume with a number of processes that divides "
+            f"{total // 4} ({divisors})") in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_resume_that_cannot_keep_the_global_batch_is_refused_before_anything_is_written(data_dir, tmp_path):
+    """Two real ranks on a run whose checkpoint has a global batch of 4 sequences (1 process × 4 × 1): refused by
+    every rank, and no byte of the run directory changes."""
+    from helpers import TINY, snapshot
+
+    from regulargpt.config import load_config, save_config
+
+    run_dir = tmp_path / "run"
+    (run_dir / "global_step3").mkdir(parents=True)
+    save_config(load_config(ROOT / "configs/tiny/regular_gpt.json", [f"data.path={data_dir}", *TINY]),
+                run_dir / "config.resolved.json")
+    (run_dir / "global_step3" / "trainer_state.json").write_text(json.dumps(
+        {"step": 3, "world_size": 1, "grad_accum": 1, "global_batch": 4}))
+    (run_dir / "latest").write_text("global_step3")
+    before = snapshot(run_dir)
+    proc = subprocess.run(pretrain_cmd(2) + pretrain_args(data_dir, run_dir), cwd=ROOT, env=run_env(),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1  # torchrun's status when a rank exits 2 (it prints its own summary and traceback)
+    assert ("error: " + str(run_dir) + ": the run's global batch is 4 sequences per step (global_step3 was written "
+            "by 1 process(es)); 2 processes with train.batch_size 4 would need train.grad_accum = 4 / (4 × 2) = 0.5, "
+            "not a whole number ≥ 1") in proc.stderr
+    assert snapshot(run_dir) == before
