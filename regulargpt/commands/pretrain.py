@@ -7,9 +7,12 @@ Examples:
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
     python launch/pretrain.py --config configs/tiny/regular_gpt.json --set data.path=data/tiny --extend-to 600
+    srun -N2 --ntasks-per-node 8 python launch/pretrain.py --config configs/base.json   # ranks from SLURM_PROCID
+    mpirun -n 4 python launch/pretrain.py --config configs/tiny/t5.json                 # ranks from OMPI_COMM_WORLD_*
 
 Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ + latest,
-model.pt at the end. See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint
+model.pt at the end; one trainer at a time (trainer.lock). Rerun the same command to resume, also on another
+number of processes (train.grad_accum then keeps the global batch). See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint
 by SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
 config/data/checkpoint/setup error (one line `error: ...`, no traceback); 130 for Ctrl-C before training started.
 """
