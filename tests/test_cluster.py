@@ -142,12 +142,17 @@ def _launcher_env(rank: int, world: int, style: str, job_id: int = 77) -> dict[s
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    """No launcher variables; OMP_NUM_THREADS set so that prepare_process_env leaves torch's threads alone."""
+    """No launcher variables; OMP_NUM_THREADS set so that prepare_process_env leaves torch's threads alone. The
+    whole environment is restored afterwards: prepare_process_env sets RANK, MASTER_ADDR, … itself, and a leftover
+    RANK would make every later training subprocess of the session a rank of a run that never forms."""
+    saved = dict(os.environ)
     for key in list(os.environ):
         if key in _LAUNCH_KEYS or key.startswith(("SLURM_", "OMPI_")):
             monkeypatch.delenv(key)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.mark.parametrize("given,expected", [
