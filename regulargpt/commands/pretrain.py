@@ -7,15 +7,18 @@ Examples:
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
     python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 600
+    srun -N2 --ntasks-per-node 8 python launch/pretrain.py --config configs/base.json   # ranks from SLURM_PROCID
+    mpirun -n 4 python launch/pretrain.py --config configs/tiny/t5.json                 # ranks from OMPI_COMM_WORLD_*
 
 Resuming and extending train on the run's own data.path (its config.resolved.json) unless --set data.path=… is
-given, so the data folder need not be repeated.
+given, so the data folder need not be repeated. Rerun the same command to resume, also on another number of
+processes (train.grad_accum then keeps the global batch).
 
 Run directory (default runs/<config stem>-seed<seed>): config.resolved.json, metrics.jsonl, global_step<N>/ +
-latest, model.pt at the end. Ends with a summary (steps, tokens, wall time, tokens/s, final train and val loss,
-where the checkpoint and model are) and the next commands (evaluate, generate; export for a stopped run). See
-docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a checkpoint by
-SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
+latest, model.pt at the end; one trainer at a time (trainer.lock). Ends with a summary (steps, tokens, wall time,
+tokens/s, final train and val loss, where the checkpoint and model are) and the next commands (evaluate, generate;
+export for a stopped run). See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a
+checkpoint by SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
 config/data/checkpoint/setup error (one line `error: ...`, no traceback); 130 for Ctrl-C before training started.
 """
 
@@ -76,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
                         "e.g. --extend-to 20000")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     args = p.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
     cfg = load_config(args.config, args.set)
     from regulargpt.train import default_run_dir, train
 
@@ -84,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
     cfg, note = with_saved_data_path(run_dir, cfg, args.set)
-    if note and rank == 0:
+    # before train() sets RANK for srun/mpirun launches, their own variables say which process this is
+    launch_rank = next((os.environ[k] for k in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") if k in os.environ), "0")
+    if note and launch_rank == "0":
         print(note, file=sys.stderr, flush=True)
     if args.extend_to is not None:
         cfg = extension_config(run_dir, cfg, args.extend_to)
     summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)
+    rank = int(os.environ["RANK"])  # set by train() for every launcher (torchrun, deepspeed, srun, mpirun)
     if rank == 0:
         print("\n".join(summary_lines(summary, cfg, run_dir)), file=sys.stderr, flush=True)
     if rank == 0 and summary["preempted"]:

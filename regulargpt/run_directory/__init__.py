@@ -9,6 +9,9 @@ directories through it too (file names in :mod:`regulargpt.run_directory.layout`
       metrics.jsonl                      one JSON object per logged step (regulargpt.train.metrics_log)
       global_step100/ … global_step200/  DeepSpeed checkpoints + trainer_state.json, rng_rank<r>.pt, checksums.json
       latest                             "global_step200": the checkpoint a resume starts from
+      universal/global_step200/          after a resume on another number of processes, until its first
+                                         checkpoint: DeepSpeed's universal conversion (:mod:`.world_change`)
+      trainer.lock                       while a trainer runs: its host, pid, job id, heartbeat (:mod:`.lock`)
       model.pt                           consolidated fp32 model (regulargpt.checkpoint format), written at the end
       zero_to_fp32.py                    copied there by DeepSpeed (ZeRO ≥ 1); launch/export.py does the same job
 
@@ -68,8 +71,16 @@ from regulargpt.run_directory.lm_resume import (
     set_aside_export,
     with_saved_data_path,
 )
+from regulargpt.run_directory.lock import RunDirLock, describe_holder, lock_holder
 from regulargpt.run_directory.metrics import open_for_append, truncate_after
 from regulargpt.run_directory.safe_load import safe_loading
+from regulargpt.run_directory.world_change import (
+    drop_universal,
+    grad_accum_for,
+    needs_universal,
+    to_universal,
+    trainer_state_fields,
+)
 
 __all__ = [
     # layout and the language model's resume policy
@@ -82,6 +93,10 @@ __all__ = [
     "checkpoint_steps", "latest_step", "write_trainer_state", "read_trainer_state", "write_checksums",
     "verify_checkpoint", "resume_step", "mark_latest", "prune_checkpoints", "remove_partial_checkpoints",
     "rng_state", "save_rng", "load_rng", "safe_loading",
+    # one trainer per run directory
+    "RunDirLock", "lock_holder", "describe_holder",
+    # resuming on another number of processes
+    "grad_accum_for", "needs_universal", "to_universal", "drop_universal", "trainer_state_fields",
     # formal checkpoints
     "save_ckpt", "load_ckpt",
 ]

@@ -34,6 +34,7 @@ RESUME_FREE_KEYS = frozenset({
     "data.path",  # the data may move (e.g. to node-local disk); its fingerprint is compared instead
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
     "train.max_bad_steps", "train.activation_checkpointing", "train.dist_timeout_s", "train.compile",
+    "train.grad_accum",  # derived on resume from the run's global batch and the number of processes (world_change)
 })
 RESUME_FREE = ResumePolicy(keys=RESUME_FREE_KEYS, sections=("eval", "logging"))
 _EXTENSION_KEYS = {"train.steps", "train.extended_from"}

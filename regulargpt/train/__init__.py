@@ -4,10 +4,11 @@
     from regulargpt.train import train
     train(load_config("configs/tiny/regular_gpt.json", ["data.path=data/tiny"]), "runs/tiny")
 
-Modules: ``engine`` (process env, DeepSpeed config, optimizer with skippable updates + LR schedule, activation
-checkpointing), ``loop`` (the training loop, validation, preemption, non-finite steps), ``run_directory`` (the run
-directory both trainers share: layout, config and metrics on resume, checkpoints with fallback, keep-last-k,
-extension), ``export`` (ZeRO consolidation → model.pt), ``metrics_log`` (console, metrics.jsonl, wandb),
+Modules: ``process_env`` (every launcher's ranks: torchrun, deepspeed, srun, mpirun, plain python), ``engine``
+(DeepSpeed config, optimizer with skippable updates + LR schedule, activation checkpointing), ``loop`` (the training
+loop, validation, preemption, non-finite steps), ``run_directory`` (the run directory both trainers share: layout,
+config and metrics on resume, checkpoints with fallback, keep-last-k, extension, the trainer lock, resuming on
+another number of processes), ``export`` (ZeRO consolidation → model.pt), ``metrics_log`` (console, metrics.jsonl, wandb),
 ``formal_trainer`` (the formal-language trainer), ``faults`` (test-only NaN injection), ``stopping`` (signals and
 the launcher's end → checkpoint and exit). Nothing here imports DeepSpeed or wandb at import time. See
 docs/RELIABILITY.md.

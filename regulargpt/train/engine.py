@@ -1,5 +1,6 @@
-"""DeepSpeed engine setup: process environment, the DeepSpeed config built from our :class:`Config`, the client
-optimizer and LR schedule, and activation checkpointing applied from outside the model code.
+"""DeepSpeed engine setup: the DeepSpeed config built from our :class:`Config`, the client optimizer and LR schedule,
+activation checkpointing applied from outside the model code, and the CPU shm-op skip; the process environment
+(every launcher's ranks) is :mod:`regulargpt.train.process_env`, re-exported here.
 
 One engine serves every ZeRO stage (0–3) and precision (fp32, bf16; fp16 on CUDA only). The optimizer is
 ``torch.optim.AdamW`` handed to DeepSpeed as a client optimizer, so no DeepSpeed op is JIT-compiled on CPU; the LR
@@ -32,7 +33,6 @@ import importlib
 import json
 import math
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from torch import nn
 
 from regulargpt.config import Config, merge_dicts
 from regulargpt.errors import TrainError
+from regulargpt.train.process_env import prepare_process_env
 
 __all__ = [
     "TrainError",
@@ -58,42 +59,7 @@ __all__ = [
 ]
 
 
-# ------------------------------------------------------------------------------------------------ process env
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def prepare_process_env() -> dict[str, int]:
-    """Make every launcher look the same to DeepSpeed; call before ``import deepspeed``. Returns rank info.
-
-    * ``DS_ACCELERATOR=cpu`` when torch sees no CUDA device (explicit, no detection warning);
-    * plain ``python launch/pretrain.py``: RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_ADDR=127.0.0.1 and a free
-      MASTER_PORT are set when absent (otherwise DeepSpeed falls back to MPI discovery and needs mpi4py);
-    * threads: when OMP_NUM_THREADS is unset (the ``deepspeed`` launcher does not set it) each process gets
-      cpu_count // local processes threads, so N ranks do not oversubscribe the cores.
-    """
-    env = os.environ
-    if "DS_ACCELERATOR" not in env and not torch.cuda.is_available():
-        env["DS_ACCELERATOR"] = "cpu"
-    if "RANK" not in env:
-        env.setdefault("WORLD_SIZE", "1")
-        if env["WORLD_SIZE"] != "1":
-            raise TrainError(f"WORLD_SIZE={env['WORLD_SIZE']} but RANK is unset; start several processes with "
-                             "torchrun or the deepspeed launcher")
-        env["RANK"] = "0"
-    env.setdefault("WORLD_SIZE", "1")
-    env.setdefault("LOCAL_RANK", "0")
-    env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env.setdefault("MASTER_PORT", str(_free_port()))
-    local = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1)
-    if "OMP_NUM_THREADS" not in env and env.get("DS_ACCELERATOR") == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]), "local_rank": int(env["LOCAL_RANK"]),
-            "local_world_size": local}
+# -------------------------------------------------------------------------------------------- shm comm op
 
 
 def _shm_op_available() -> bool:

@@ -10,7 +10,8 @@ One call, :func:`train`, does a whole run (or the rest of one)::
     → final checkpoint → model.pt (rank 0)
 
 Batches come from ``WindowSampler(train split, T, micro-batch, seed, rank, world)``, seeded by
-(seed, step, micro_step, rank): a resumed run sees exactly the batches the uninterrupted run would have seen.
+(seed, step, micro_step, rank): a resumed run sees exactly the batches the uninterrupted run would have seen (on
+the same number of processes; on another, ``grad_accum`` keeps the global batch: run_directory/world_change.py).
 Validation uses the first ``eval_batches`` batches of a sampler over the val split with the same seed: the same
 fixed windows at every evaluation, averaged over ranks.
 
@@ -32,6 +33,7 @@ count is kept in checkpoints) stop it with a TrainError; the checkpoints on disk
 
 from __future__ import annotations
 
+import dataclasses
 import logging as _stdlib_logging
 import math
 import random
@@ -39,6 +41,7 @@ import sys
 import time
 import warnings
 from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +111,8 @@ def _seed_all(seed: int) -> None:
 
 
 class _Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]]) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]],
+                 lock: rd.RunDirLock) -> None:
         import deepspeed
         import torch.distributed as dist
 
@@ -119,14 +123,23 @@ class _Trainer:
         self.rank, self.world = env["rank"], env["world_size"]
         train_split, val_split, manifest = data
         self.fingerprint = _data_fingerprint(manifest)
-        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
-        if extending is not None and self.rank == 0:
-            rd.set_aside_export(run_dir, extending)
-        run_dir.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False,
                                    timeout=timedelta(seconds=cfg.train.dist_timeout_s))
+        took_over = self._rank0_decides(lock.acquire)  # before anything is written in the run directory
+        if took_over:
+            print(f"note: {took_over}", file=sys.stderr, flush=True)
+        rd.check_or_write_config(run_dir, cfg, write=False)  # a changed config is reported before the batch plan
+        accum, note = self._rank0_decides(lambda: rd.grad_accum_for(run_dir, cfg, self.world))  # or refuse
+        if note:
+            if self.rank == 0:
+                print(f"note: {note}", file=sys.stderr, flush=True)
+            cfg = self.cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, grad_accum=accum))
+        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        if extending is not None and self.rank == 0:
+            rd.set_aside_export(run_dir, extending)
+        run_dir.mkdir(parents=True, exist_ok=True)
 
         t = cfg.train
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
@@ -176,7 +189,8 @@ class _Trainer:
         return {"step": self.step, "tokens": self.tokens, "world_size": self.world, "bad_steps": self.bad_steps,
                 "sampler": self.sampler.settings(),
                 "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
-                "precision": self.cfg.train.precision, "param_names": self.param_names}
+                "precision": self.cfg.train.precision, "param_names": self.param_names,
+                **rd.trainer_state_fields(self.cfg.train.batch_size, self.cfg.train.grad_accum, self.world)}
 
     def save(self) -> None:
         tag = f"global_step{self.step}"
@@ -190,48 +204,63 @@ class _Trainer:
             rd.write_checksums(self.run_dir, self.step)
             rd.mark_latest(self.run_dir, self.step)
             rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+            rd.drop_universal(self.run_dir)  # a world-size change's conversion, if any: superseded now
         self.dist.barrier()
+
+    def _rank0_decides(self, decide: Callable[[], Any]) -> Any:
+        """Run `decide` on rank 0 and hand its result to every rank; a TrainError it raises is raised on all."""
+        choice: list[Any] = [None, None]
+        if self.rank == 0:
+            try:
+                choice = [decide(), None]
+            except TrainError as err:
+                choice = [None, str(err)]
+        if self.world > 1:
+            self.dist.broadcast_object_list(choice, src=0)
+        if choice[1] is not None:
+            raise TrainError(choice[1])
+        return choice[0]
 
     def _resume_point(self) -> int | None:
         """Rank 0 picks the checkpoint (rd.resume_step: may set a corrupt one aside) and tells the other ranks."""
-        choice: list[Any] = [None]
-        if self.rank == 0:
-            try:
-                step, warnings_ = rd.resume_step(self.run_dir)
-                choice = [step]
-                for text in warnings_:
-                    print(f"warning: {text}", file=sys.stderr, flush=True)
-            except TrainError as err:
-                choice = [str(err)]
-        if self.world > 1:
-            self.dist.broadcast_object_list(choice, src=0)
-        if isinstance(choice[0], str):
-            raise TrainError(choice[0])
-        return choice[0]
+
+        def pick() -> int | None:
+            step, warnings_ = rd.resume_step(self.run_dir)
+            for text in warnings_:
+                print(f"warning: {text}", file=sys.stderr, flush=True)
+            return step
+
+        return self._rank0_decides(pick)
 
     def _resume(self) -> None:
         step = self._resume_point()
         if step is None:
             return
         state = rd.read_trainer_state(self.run_dir, step)
-        if state["world_size"] != self.world:
-            raise TrainError(f"{self.run_dir}: checkpoint global_step{step} was written by {state['world_size']} "
-                             f"processes, this run has {self.world}; resume with the same number (the data order "
-                             f"depends on it) or start a new --run-dir")
         if state["data"] != self.fingerprint:
             raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
                              f"{self.fingerprint}); resume with the same data folder")
+        load_dir, universal = self.run_dir, False
+        if state["world_size"] != self.world and rd.needs_universal(self.run_dir, step):  # re-cut the partitions
+            load_dir, universal = Path(self._rank0_decides(lambda: str(rd.to_universal(self.run_dir, step)))), True
         try:
             with rd.safe_loading():
-                path, _ = self.engine.load_checkpoint(str(self.run_dir), tag=f"global_step{step}",
+                self.engine._config.load_universal_checkpoint = universal  # read by load_checkpoint only
+                path, _ = self.engine.load_checkpoint(str(load_dir), tag=f"global_step{step}",
                                                       load_optimizer_states=True, load_lr_scheduler_states=True)
         except (RuntimeError, KeyError, ValueError, OSError) as err:  # intact files that do not fit this model
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed cannot load this checkpoint into the "
                              f"configured model ({type(err).__name__}: {str(err)[:300]})") from None
+        finally:
+            self.engine._config.load_universal_checkpoint = False
         if path is None:
             raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
-        self.sampler.check_resume(state["sampler"])
-        rd.load_rng(self.run_dir, step, self.rank)
+        if state["world_size"] == self.world:
+            self.sampler.check_resume(state["sampler"])
+            rd.load_rng(self.run_dir, step, self.rank)
+        else:  # another data order and per-rank RNG streams, both a function of (seed, step, rank) for this world
+            self.sampler.check_resume({**state["sampler"], "world_size": self.world})
+            _seed_all(self.cfg.train.seed * 1_000_003 + 7919 * (self.rank + 1) + 104_729 * step)
         # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
         # schedule, so set it from this config's (for an ordinary resume this is the same value).
         for group, base in zip(self.scheduler.optimizer.param_groups, self.scheduler.base_lrs):
@@ -432,13 +461,14 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
     stop.install()
     lifeline = Lifeline(stop.request)  # under a launcher: its end is a stop request too
     resume = launch_command(lifeline.start())
+    lock = rd.RunDirLock(Path(run_dir))  # taken by rank 0 in _Trainer, released on every way out of here
     try:
         import deepspeed  # noqa: F401  (after prepare_process_env: DS_ACCELERATOR must be set first)
 
         skip_shm_build()
         _quiet_deepspeed()
         check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
-        trainer = _Trainer(cfg, Path(run_dir), env, data)
+        trainer = _Trainer(cfg, Path(run_dir), env, data, lock)
         try:
             summary = trainer.run(stop)
         except RuntimeError as err:
@@ -448,5 +478,6 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
                                                 resume)) from err
         return {**summary, "stop_reason": stop.reason, "resume_command": resume}
     finally:
+        lock.release()
         lifeline.stop()
         stop.uninstall()
