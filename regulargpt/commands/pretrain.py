@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
     cfg, note = with_saved_data_path(run_dir, cfg, args.set)
     # before train() sets RANK for srun/mpirun launches, their own variables say which process this is
-    launch_rank = next((os.environ[k] for k in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") if k in os.environ), "0")
+    launch_rank = next((os.environ[k] for k in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") if k in os.environ),
+                       "0")
     if note and launch_rank == "0":
         print(note, file=sys.stderr, flush=True)
     if args.extend_to is not None:
