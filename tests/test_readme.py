@@ -1,7 +1,7 @@
 """Every command in README.md's code blocks runs as written, top to bottom, at tiny sizes (issue 24).
 
 The commands are read from README.md itself: each fenced block's lines, continuation lines joined, comments and
-blank lines dropped. Each one must appear in exactly one of two tables below:
+blank lines dropped; a ```python block is one command, ``python -c`` with the block as its program. Each one must appear in exactly one of two tables below:
 
 - ``TINY``: run in a scratch folder laid out like a fresh clone (``configs/``, ``launch/``, ``eval/``,
   ``data_prep/`` linked in), with the venv's ``bin`` first on ``PATH`` as ``source .venv/bin/activate`` does, in
@@ -33,7 +33,15 @@ _LM = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "data.s
        "train.batch_size=2", "--set", "train.steps=4", "--set", "train.save_every=2", "--set", "train.eval_every=2",
        "--set", "train.eval_batches=1", "--set", "logging.progress=false"]
 _FORMAL_SWEEP = ["--models", "regular_gpt_c2", "--seeds", "0", "--set", "train.steps=3", "--set",
-                 "eval.max_length=45", "--set", "eval.samples_per_length=4"]
+                 "eval.max_length=45", "--set", "eval.samples_per_length=4", "--set", "eval.select_last=1"]
+
+# README's Hugging Face snippet (a ```python block), run as `python -c` after the export it loads
+HF_SNIPPET = """from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained("exports/rgpt", trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained("exports/rgpt", trust_remote_code=True, depth_policy="train")
+print(tok.decode(model.generate(**tok("def ", return_tensors="pt"), max_new_tokens=40)[0], skip_special_tokens=True))
+"""
 
 # command as README.md writes it → (replacements old → new, arguments appended)
 TINY: dict[str, tuple[dict[str, str], list[str]]] = {
@@ -45,6 +53,8 @@ TINY: dict[str, tuple[dict[str, str], list[str]]] = {
     "python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/regular_gpt-seed0 "
     "--extend-to 600": ({"--extend-to 600": "--extend-to 6"}, _LM),
     "python launch/export.py runs/regular_gpt-seed0": ({}, []),
+    "python launch/export.py runs/regular_gpt-seed0 --format hf --out exports/rgpt": ({}, []),
+    shlex.join(["python", "-c", HF_SNIPPET]): ({"max_new_tokens=40": "max_new_tokens=8"}, []),
     "python eval/plan_scale.py --config configs/base.json --gpus-per-node 8 --gpu-memory-gb 80 --nodes 1": ({}, []),
     "python eval/extrapolate.py --runs runs/alibi-seed0 runs/regular_gpt-seed0 --data data/stdlib-2k "
     "--out results/lm": ({}, ["--lengths", "32,64", "--tokens", "2048", "--no-progress"]),
@@ -80,7 +90,10 @@ def readme_commands(text: str) -> list[str]:
     its output dropped, comments and blank lines left out; each normalised as shlex tokens joined by spaces (quotes
     as shlex.join writes them)."""
     commands = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.M | re.S):
+    for language, block in re.findall(r"^```([^\n]*)\n(.*?)^```", text, flags=re.M | re.S):
+        if language.strip() == "python":  # a Python snippet: one command, the whole block as a program
+            commands.append(shlex.join(["python", "-c", block]))
+            continue
         lines = block.replace("\\\n", " ").splitlines()
         if lines and lines[0].startswith("$ "):  # a transcript: the command, then what it printed
             lines = [lines[0][2:]]
