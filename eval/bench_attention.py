@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=positive_int, default=64)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="q/k/v dtype (default: fp32)")
-    parser.add_argument("--kernel-algorithm", default="auto", choices=["auto", "shift", "blocked", "flex"],
+    parser.add_argument("--kernel-algorithm", default="auto", choices=["auto", "cpp", "shift", "blocked", "flex"],
                         help="algorithm of the 'kernel' columns (default: auto)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads per measurement (default: 2)")
     parser.add_argument("--reference-max-gib", type=positive_float, default=8.0,

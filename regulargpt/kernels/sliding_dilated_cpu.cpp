@@ -21,6 +21,8 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -31,6 +33,7 @@ namespace {
 
 constexpr int64_t kUnitRows = 256;
 constexpr int kLanes = 16;  // partial sums of a dot product: a fixed summation order whatever the alignment
+constexpr int64_t kAhead = 2;  // rows of the chain prefetched ahead (the hardware does not follow a stride of D rows)
 
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t n) {
@@ -41,8 +44,9 @@ inline T dot(const T* a, const T* b, int64_t n) {
     for (int l = 0; l < kLanes; ++l) part[l] += a[d + l] * b[d + l];
   T s = 0;
   for (; d < n; ++d) s += a[d] * b[d];
-  for (int l = 0; l < kLanes; ++l) s += part[l];
-  return s;
+  for (int width = kLanes / 2; width > 0; width /= 2)  // a tree: a short dependency chain, still a fixed order
+    for (int l = 0; l < width; ++l) part[l] += part[l + width];
+  return s + part[0];
 }
 
 template <typename T>
@@ -77,6 +81,7 @@ struct Geometry {
   int64_t chain_len(int64_t s) const { return (T - s + D - 1) / D; }
   int64_t query(int64_t p) const {  // the query at position p, or -1
     int64_t r = p - qs;
+    if (step == 1) return r >= 0 && r < Tq ? r : -1;
     if (r < 0 || r % step) return -1;
     return r / step < Tq ? r / step : -1;
   }
@@ -100,6 +105,29 @@ View<A> load(const T* src, int64_t hs, const Geometry& g, A* buf) {  // in place
       for (int64_t d = 0; d < g.Dh; ++d) buf[h * g.Dh + d] = static_cast<A>(src[h * hs + d]);
     return {buf, g.Dh};
   }
+}
+
+template <typename T>
+inline void prefetch(const T* src, int64_t hs, const Geometry& g) {  // one row, all heads, into the cache
+  for (int64_t h = 0; h < g.H; ++h)
+    for (int64_t byte = 0; byte < g.Dh * int64_t(sizeof(T)); byte += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(src + h * hs) + byte);
+}
+
+at::Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  // Fresh memory, written once: ask for transparent huge pages (4 KiB page faults cost as much as the kernel here).
+  at::Tensor x = at::empty(sizes, options);
+  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(x.data_ptr()) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(x.data_ptr()) + x.nbytes()) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only
+  return x;
+}
+
+template <typename A>  // key j of chain index u: ring slot of u - j (u's is `slot`), or `pad` (nullptr: masked)
+void window(const std::vector<View<A>>& ring, int64_t u, int64_t slot, const View<A>* pad, const View<A>** out) {
+  const int64_t C = int64_t(ring.size());
+  for (int64_t j = 0, sl = slot; j < C; ++j, sl = sl ? sl - 1 : C - 1) out[j] = j <= u ? &ring[sl] : pad;
 }
 
 template <typename T, typename A>
@@ -157,30 +185,35 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const at::opmath_type<
   A *ring_k = buf.data(), *ring_v = ring_k + C * HD, *qbuf = ring_v + C * HD, *pad_buf = qbuf + HD;
   A *acc = pad_buf + 2 * HD, *e = acc + g.Dh;
   std::vector<View<A>> kr(C), vr(C);
+  std::vector<const View<A>*> keys(C), vals(C);
   View<A> pk, pv;
   if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
   g.for_each_segment(unit % g.units_per_batch, [&](int64_t s, int64_t lo, int64_t hi) {
     for (int64_t u = std::max<int64_t>(lo - (C - 1), 0); u < hi; ++u) {
-      const int64_t p = s + u * g.D, slot = u % C;
+      const int64_t p = s + u * g.D, slot = u % C, ahead = p + kAhead * g.D;
+      if (u + kAhead < hi) {
+        prefetch(in.k.row(b, ahead), in.k.sh, g), prefetch(in.v.row(b, ahead), in.v.sh, g);
+        if (const int64_t i = g.query(ahead); i >= 0) prefetch(in.q.row(b, i), in.q.sh, g);
+      }
       kr[slot] = load(in.k.row(b, p), in.k.sh, g, ring_k + slot * HD);
       vr[slot] = load(in.v.row(b, p), in.v.sh, g, ring_v + slot * HD);
       const int64_t i = u >= lo ? g.query(p) : -1;
       if (i < 0) continue;
       const View<A> qv = load(in.q.row(b, i), in.q.sh, g, qbuf);
+      window(kr, u, slot, in.pads ? &pk : nullptr, keys.data()), window(vr, u, slot, in.pads ? &pv : nullptr, vals.data());
       T* o = out + (b * g.Tq + i) * HD;
       A* pr = probs + (b * g.Tq + i) * g.H * C;
       for (int64_t h = 0; h < g.H; ++h) {
         A mx = minus_inf, sum = 0;
         for (int64_t j = 0; j < C; ++j) {
-          const A* key = j <= u ? kr[(u - j) % C].head(h) : in.pads ? pk.head(h) : nullptr;
-          e[j] = key ? dot(qv.head(h), key, g.Dh) * scale + r[h * C + j] : minus_inf;
+          e[j] = keys[j] ? dot(qv.head(h), keys[j]->head(h), g.Dh) * scale + r[h * C + j] : minus_inf;
           mx = std::max(mx, e[j]);
         }
         for (int64_t j = 0; j < C; ++j) sum += (e[j] = std::exp(e[j] - mx));
         std::fill(acc, acc + g.Dh, A(0));
         for (int64_t j = 0; j < C; ++j) {
           pr[h * C + j] = e[j] / sum;
-          if (j <= u || in.pads) axpy(acc, pr[h * C + j], j <= u ? vr[(u - j) % C].head(h) : pv.head(h), g.Dh);
+          if (vals[j]) axpy(acc, pr[h * C + j], vals[j]->head(h), g.Dh);
         }
         store(o + h * g.Dh, acc, g.Dh);
       }
@@ -199,6 +232,7 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
   A *acc_q = ring_ds + C * HC, *acc_k = acc_q + g.Dh, *acc_v = acc_k + g.Dh, *dp = acc_v + g.Dh;
   A *dr = part, *dpk = part + HC, *dpv = dpk + HD;  // this unit's partial sums
   std::vector<View<A>> kr(C), vr(C), qr(C), dor(C);
+  std::vector<const View<A>*> keys(C), vals(C);
   std::vector<int64_t> query(C, -1);
   View<A> pk, pv;
   if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
@@ -208,6 +242,10 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
       const int64_t p = s + u * g.D, slot = u % C;
       A *slot_buf = ring + slot * 4 * HD, *P = ring_p + slot * HC, *dS = ring_ds + slot * HC;
       query[slot] = -1;
+      if (const int64_t ahead = p + kAhead * g.D; u + kAhead < std::min(len, hi + C - 1)) {
+        prefetch(in.k.row(b, ahead), in.k.sh, g), prefetch(in.v.row(b, ahead), in.v.sh, g);
+        if (const int64_t i = g.query(ahead); i >= 0) prefetch(in.q.row(b, i), in.q.sh, g), prefetch(dout.row(b, i), dout.sh, g);
+      }
       if (u < len) {
         kr[slot] = load(in.k.row(b, p), in.k.sh, g, slot_buf);
         vr[slot] = load(in.v.row(b, p), in.v.sh, g, slot_buf + HD);
@@ -218,12 +256,12 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
         dor[slot] = load(dout.row(b, i), dout.sh, g, slot_buf + 3 * HD);
         std::copy(probs + (b * g.Tq + i) * HC, probs + (b * g.Tq + i + 1) * HC, P);
         const bool owned = u < hi;
+        window(kr, u, slot, in.pads ? &pk : nullptr, keys.data()), window(vr, u, slot, in.pads ? &pv : nullptr, vals.data());
         for (int64_t h = 0; h < g.H; ++h) {
           const A *qh = qr[slot].head(h), *doh = dor[slot].head(h);
           A delta = 0;
           for (int64_t j = 0; j < C; ++j) {
-            const A* val = j <= u ? vr[(u - j) % C].head(h) : in.pads ? pv.head(h) : nullptr;
-            dp[j] = val ? dot(doh, val, g.Dh) : A(0);
+            dp[j] = vals[j] ? dot(doh, vals[j]->head(h), g.Dh) : A(0);
             delta += P[h * C + j] * dp[j];
           }
           for (int64_t j = 0; j < C; ++j) dS[h * C + j] = P[h * C + j] * (dp[j] - delta) * scale;
@@ -232,10 +270,8 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
           for (int64_t j = 0; j < C; ++j) {
             const A ds = dS[h * C + j];
             dr[h * C + j] += P[h * C + j] * (dp[j] - delta);
-            if (j <= u) {
-              axpy(acc_q, ds, kr[(u - j) % C].head(h), g.Dh);
-            } else if (in.pads) {
-              axpy(acc_q, ds, pk.head(h), g.Dh);
+            if (keys[j]) axpy(acc_q, ds, keys[j]->head(h), g.Dh);
+            if (j > u && in.pads) {
               axpy(dpk + h * g.Dh, ds, qh, g.Dh);
               axpy(dpv + h * g.Dh, P[h * C + j], doh, g.Dh);
             }
@@ -248,9 +284,8 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
       T *dk_row = dk + (b * g.T + s + w * g.D) * HD, *dv_row = dv + (b * g.T + s + w * g.D) * HD;
       for (int64_t h = 0; h < g.H; ++h) {
         std::fill(acc_k, acc_k + 2 * g.Dh, A(0));
-        for (int64_t j = 0; j < C; ++j) {
-          const int64_t from = (w + j) % C;
-          if (query[from] < 0) continue;
+        for (int64_t j = 0, from = slot + 1 == C ? 0 : slot + 1; j < C; ++j, from = from + 1 == C ? 0 : from + 1) {
+          if (query[from] < 0) continue;  // slot of chain index w + j
           axpy(acc_k, ring_ds[from * HC + h * C + j], qr[from].head(h), g.Dh);
           axpy(acc_v, ring_p[from * HC + h * C + j], dor[from].head(h), g.Dh);
         }
@@ -268,7 +303,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
   const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  at::Tensor out = at::empty({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor out = output({g.B, g.Tq, g.H, g.Dh}, q.options());
   at::Tensor probs = at::empty({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
   const at::Tensor r = rel_bias.to(acc_type).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
@@ -292,8 +327,8 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have q's shape");
   probs = probs.to(acc_type).contiguous();
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
-  at::Tensor dq = at::empty({g.B, g.Tq, g.H, g.Dh}, q.options());
-  at::Tensor dk = at::empty({g.B, g.T, g.H, g.Dh}, q.options()), dv = at::empty_like(dk);
+  at::Tensor dq = output({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor dk = output({g.B, g.T, g.H, g.Dh}, q.options()), dv = output({g.B, g.T, g.H, g.Dh}, q.options());
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.units_per_batch, width = HC + 2 * HD;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
