@@ -22,6 +22,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -130,9 +133,46 @@ void window(const std::vector<View<A>>& ring, int64_t u, int64_t slot, const Vie
   for (int64_t j = 0, sl = slot; j < C; ++j, sl = sl ? sl - 1 : C - 1) out[j] = j <= u ? &ring[sl] : pad;
 }
 
-template <typename T, typename A>
-void store(T* dst, const A* src, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<T>(src[d]);
+template <typename T, typename A>  // outputs are written once and not read here: non-temporal stores skip the
+void store(T* dst, const A* src, int64_t n) {  // read-for-ownership of their cache lines
+  int64_t d = 0;
+#if defined(__SSE2__)
+  constexpr int64_t kPer = 16 / sizeof(T);
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
+    for (; d + kPer <= n; d += kPer) {
+      alignas(16) T lane[kPer];
+      for (int64_t l = 0; l < kPer; ++l) lane[l] = static_cast<T>(src[d + l]);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + d), _mm_load_si128(reinterpret_cast<const __m128i*>(lane)));
+    }
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<T>(src[d]);
+}
+
+template <typename T, typename A>  // dst = sum_j w[j] x[j] over the x[j] that are not nullptr, in j order
+void combine(T* dst, const A* w, const A* const* x, int64_t m, int64_t n) {
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) {  // the accumulator stays in registers, dst is written once
+    A acc[kLanes] = {};
+    for (int64_t j = 0; j < m; ++j) {
+      if (!x[j]) continue;
+      const A *xj = x[j] + d, wj = w[j];
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) acc[l] += wj * xj[l];
+    }
+    store(dst + d, acc, kLanes);
+  }
+  for (; d < n; ++d) {
+    A acc = 0;
+    for (int64_t j = 0; j < m; ++j)
+      if (x[j]) acc += w[j] * x[j][d];
+    dst[d] = static_cast<T>(acc);
+  }
+}
+
+inline void store_fence() {  // the non-temporal stores of a work unit, visible before it returns
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rel_bias,
@@ -181,11 +221,12 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const at::opmath_type<
   using A = at::opmath_type<T>;
   const int64_t HD = g.H * g.Dh, C = g.C, b = unit / g.units_per_batch;
   const A scale = A(1) / std::sqrt(A(g.Dh)), minus_inf = -std::numeric_limits<A>::infinity();
-  std::vector<A> buf((2 * C + 3) * HD + g.Dh + C);
+  std::vector<A> buf((2 * C + 3) * HD + C);
   A *ring_k = buf.data(), *ring_v = ring_k + C * HD, *qbuf = ring_v + C * HD, *pad_buf = qbuf + HD;
-  A *acc = pad_buf + 2 * HD, *e = acc + g.Dh;
+  A* e = pad_buf + 2 * HD;
   std::vector<View<A>> kr(C), vr(C);
   std::vector<const View<A>*> keys(C), vals(C);
+  std::vector<const A*> x(C);
   View<A> pk, pv;
   if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
   g.for_each_segment(unit % g.units_per_batch, [&](int64_t s, int64_t lo, int64_t hi) {
@@ -210,15 +251,12 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const at::opmath_type<
           mx = std::max(mx, e[j]);
         }
         for (int64_t j = 0; j < C; ++j) sum += (e[j] = std::exp(e[j] - mx));
-        std::fill(acc, acc + g.Dh, A(0));
-        for (int64_t j = 0; j < C; ++j) {
-          pr[h * C + j] = e[j] / sum;
-          if (vals[j]) axpy(acc, pr[h * C + j], vals[j]->head(h), g.Dh);
-        }
-        store(o + h * g.Dh, acc, g.Dh);
+        for (int64_t j = 0; j < C; ++j) pr[h * C + j] = e[j] / sum, x[j] = vals[j] ? vals[j]->head(h) : nullptr;
+        combine(o + h * g.Dh, pr + h * C, x.data(), C, g.Dh);
       }
     }
   });
+  store_fence();
 }
 
 template <typename T>
@@ -227,12 +265,14 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
   using A = at::opmath_type<T>;
   const int64_t HD = g.H * g.Dh, HC = g.H * g.C, C = g.C, b = unit / g.units_per_batch;
   const A scale = A(1) / std::sqrt(A(g.Dh));
-  std::vector<A> buf((4 * C + 2) * HD + 2 * C * HC + 3 * g.Dh + C);
+  std::vector<A> buf((4 * C + 2) * HD + 2 * C * HC + C);
   A *ring = buf.data(), *pad_buf = ring + 4 * C * HD, *ring_p = pad_buf + 2 * HD, *ring_ds = ring_p + C * HC;
-  A *acc_q = ring_ds + C * HC, *acc_k = acc_q + g.Dh, *acc_v = acc_k + g.Dh, *dp = acc_v + g.Dh;
+  A* dp = ring_ds + C * HC;
   A *dr = part, *dpk = part + HC, *dpv = dpk + HD;  // this unit's partial sums
   std::vector<View<A>> kr(C), vr(C), qr(C), dor(C);
   std::vector<const View<A>*> keys(C), vals(C);
+  std::vector<const A*> x(C), y(C);
+  std::vector<A> wx(C), wy(C);
   std::vector<int64_t> query(C, -1);
   View<A> pk, pv;
   if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
@@ -266,34 +306,33 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
           }
           for (int64_t j = 0; j < C; ++j) dS[h * C + j] = P[h * C + j] * (dp[j] - delta) * scale;
           if (!owned) continue;
-          std::fill(acc_q, acc_q + g.Dh, A(0));
           for (int64_t j = 0; j < C; ++j) {
             const A ds = dS[h * C + j];
             dr[h * C + j] += P[h * C + j] * (dp[j] - delta);
-            if (keys[j]) axpy(acc_q, ds, keys[j]->head(h), g.Dh);
+            x[j] = keys[j] ? keys[j]->head(h) : nullptr;
             if (j > u && in.pads) {
               axpy(dpk + h * g.Dh, ds, qh, g.Dh);
               axpy(dpv + h * g.Dh, P[h * C + j], doh, g.Dh);
             }
           }
-          store(dq + (b * g.Tq + i) * HD + h * g.Dh, acc_q, g.Dh);
+          combine(dq + (b * g.Tq + i) * HD + h * g.Dh, dS + h * C, x.data(), C, g.Dh);
         }
       }
       const int64_t w = u - (C - 1);  // the key whose last query (w + C - 1 = u) is now in the ring
       if (w < lo || w >= hi) continue;
       T *dk_row = dk + (b * g.T + s + w * g.D) * HD, *dv_row = dv + (b * g.T + s + w * g.D) * HD;
       for (int64_t h = 0; h < g.H; ++h) {
-        std::fill(acc_k, acc_k + 2 * g.Dh, A(0));
         for (int64_t j = 0, from = slot + 1 == C ? 0 : slot + 1; j < C; ++j, from = from + 1 == C ? 0 : from + 1) {
-          if (query[from] < 0) continue;  // slot of chain index w + j
-          axpy(acc_k, ring_ds[from * HC + h * C + j], qr[from].head(h), g.Dh);
-          axpy(acc_v, ring_p[from * HC + h * C + j], dor[from].head(h), g.Dh);
+          const bool seen = query[from] >= 0;  // `from`: the slot of chain index w + j
+          x[j] = seen ? qr[from].head(h) : nullptr, wx[j] = seen ? ring_ds[from * HC + h * C + j] : A(0);
+          y[j] = seen ? dor[from].head(h) : nullptr, wy[j] = seen ? ring_p[from * HC + h * C + j] : A(0);
         }
-        store(dk_row + h * g.Dh, acc_k, g.Dh);
-        store(dv_row + h * g.Dh, acc_v, g.Dh);
+        combine(dk_row + h * g.Dh, wx.data(), x.data(), C, g.Dh);
+        combine(dv_row + h * g.Dh, wy.data(), y.data(), C, g.Dh);
       }
     }
   });
+  store_fence();
 }
 
 std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
