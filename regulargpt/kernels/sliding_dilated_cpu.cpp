@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -99,13 +100,55 @@ struct Geometry {
   }
 };
 
+// Conversions that vectorise: bf16 <-> fp32 by bit shifts (round to nearest even, NaN kept), fp16 by F16C.
+template <typename T, typename A>
+inline void widen(const T* src, A* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t d = 0; d < n; ++d) {
+      const uint32_t wide = uint32_t(bits[d]) << 16;
+      std::memcpy(dst + d, &wide, 4);
+    }
+#if defined(__F16C__)
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+      _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
+    for (; d < n; ++d) dst[d] = static_cast<A>(src[d]);
+#endif
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<A>(src[d]);
+  }
+}
+
+template <typename T, typename A>
+inline void narrow(const A* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t d = 0; d < n; ++d) {
+      uint32_t x;
+      std::memcpy(&x, src + d, 4);
+      const uint32_t rounded = (x + 0x7FFF + ((x >> 16) & 1)) >> 16;
+      bits[d] = uint16_t((x & 0x7FFFFFFF) > 0x7F800000 ? 0x7FC0 : rounded);  // integer NaN test: vectorises
+    }
+#if defined(__F16C__)
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + d), _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT));
+    for (; d < n; ++d) dst[d] = static_cast<T>(src[d]);
+#endif
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<T>(src[d]);
+  }
+}
+
 template <typename A, typename T>
 View<A> load(const T* src, int64_t hs, const Geometry& g, A* buf) {  // in place when T is A, else converted
   if constexpr (std::is_same_v<A, T>) {
     return {src, hs};
   } else {
-    for (int64_t h = 0; h < g.H; ++h)
-      for (int64_t d = 0; d < g.Dh; ++d) buf[h * g.Dh + d] = static_cast<A>(src[h * hs + d]);
+    for (int64_t h = 0; h < g.H; ++h) widen(src + h * hs, buf + h * g.Dh, g.Dh);
     return {buf, g.Dh};
   }
 }
@@ -141,7 +184,7 @@ void store(T* dst, const A* src, int64_t n) {  // read-for-ownership of their ca
   if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
     for (; d + kPer <= n; d += kPer) {
       alignas(16) T lane[kPer];
-      for (int64_t l = 0; l < kPer; ++l) lane[l] = static_cast<T>(src[d + l]);
+      narrow(src + d, lane, kPer);
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + d), _mm_load_si128(reinterpret_cast<const __m128i*>(lane)));
     }
 #endif
