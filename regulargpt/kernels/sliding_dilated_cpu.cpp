@@ -37,7 +37,7 @@ namespace {
 
 constexpr int64_t kUnitRows = 256;
 constexpr int kLanes = 16;  // partial sums of a dot product: a fixed summation order whatever the alignment
-constexpr int64_t kAhead = 2;  // rows of the chain prefetched ahead (the hardware does not follow a stride of D rows)
+constexpr int64_t kAhead = 4;  // rows of the chain prefetched ahead (the hardware does not follow a stride of D rows)
 
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t n) {
@@ -160,9 +160,8 @@ inline void prefetch(const T* src, int64_t hs, const Geometry& g) {  // one row,
       __builtin_prefetch(reinterpret_cast<const char*>(src + h * hs) + byte);
 }
 
-at::Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+at::Tensor hugepages(at::Tensor x) {
   // Fresh memory, written once: ask for transparent huge pages (4 KiB page faults cost as much as the kernel here).
-  at::Tensor x = at::empty(sizes, options);
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(x.data_ptr()) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(x.data_ptr()) + x.nbytes()) & ~(kHuge - 1);
@@ -304,7 +303,8 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const at::opmath_type<
 
 template <typename T>
 void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& dout,
-                   const at::opmath_type<T>* probs, T* dq, T* dk, T* dv, at::opmath_type<T>* part, int64_t unit) {
+                   const at::opmath_type<T>* probs, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv,
+                   at::opmath_type<T>* part, int64_t unit) {
   using A = at::opmath_type<T>;
   const int64_t HD = g.H * g.Dh, HC = g.H * g.C, C = g.C, b = unit / g.units_per_batch;
   const A scale = A(1) / std::sqrt(A(g.Dh));
@@ -358,20 +358,20 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
               axpy(dpv + h * g.Dh, P[h * C + j], doh, g.Dh);
             }
           }
-          combine(dq + (b * g.Tq + i) * HD + h * g.Dh, dS + h * C, x.data(), C, g.Dh);
+          combine(dq.row(b, i) + h * dq.sh, dS + h * C, x.data(), C, g.Dh);
         }
       }
       const int64_t w = u - (C - 1);  // the key whose last query (w + C - 1 = u) is now in the ring
       if (w < lo || w >= hi) continue;
-      T *dk_row = dk + (b * g.T + s + w * g.D) * HD, *dv_row = dv + (b * g.T + s + w * g.D) * HD;
+      T *dk_row = dk.row(b, s + w * g.D), *dv_row = dv.row(b, s + w * g.D);
       for (int64_t h = 0; h < g.H; ++h) {
         for (int64_t j = 0, from = slot + 1 == C ? 0 : slot + 1; j < C; ++j, from = from + 1 == C ? 0 : from + 1) {
           const bool seen = query[from] >= 0;  // `from`: the slot of chain index w + j
           x[j] = seen ? qr[from].head(h) : nullptr, wx[j] = seen ? ring_ds[from * HC + h * C + j] : A(0);
           y[j] = seen ? dor[from].head(h) : nullptr, wy[j] = seen ? ring_p[from * HC + h * C + j] : A(0);
         }
-        combine(dk_row + h * g.Dh, wx.data(), x.data(), C, g.Dh);
-        combine(dv_row + h * g.Dh, wy.data(), y.data(), C, g.Dh);
+        combine(dk_row + h * dk.sh, wx.data(), x.data(), C, g.Dh);
+        combine(dv_row + h * dv.sh, wy.data(), y.data(), C, g.Dh);
       }
     }
   });
@@ -385,7 +385,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
   const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  at::Tensor out = output({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor out = hugepages(at::empty({g.B, g.Tq, g.H, g.Dh}, q.options()));
   at::Tensor probs = at::empty({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
   const at::Tensor r = rel_bias.to(acc_type).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
@@ -409,8 +409,8 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have q's shape");
   probs = probs.to(acc_type).contiguous();
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
-  at::Tensor dq = output({g.B, g.Tq, g.H, g.Dh}, q.options());
-  at::Tensor dk = output({g.B, g.T, g.H, g.Dh}, q.options()), dv = output({g.B, g.T, g.H, g.Dh}, q.options());
+  // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
+  at::Tensor dq = hugepages(at::empty_like(q)), dk = hugepages(at::empty_like(k)), dv = hugepages(at::empty_like(v));
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.units_per_batch, width = HC + 2 * HD;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
@@ -419,27 +419,26 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
     const Rows<const scalar_t> d_out = rows_of<const scalar_t>(dout);
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit)
-        backward_unit<scalar_t>(g, in, d_out, probs.data_ptr<A>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
-                                dv.data_ptr<scalar_t>(), part.data_ptr<A>() + unit * width, unit);
+        backward_unit<scalar_t>(g, in, d_out, probs.data_ptr<A>(), rows_of<scalar_t>(dq), rows_of<scalar_t>(dk),
+                                rows_of<scalar_t>(dv), part.data_ptr<A>() + unit * width, unit);
     });
   });
   // The partial sums, reduced once in unit order (dr over every unit, the pads over the units of their batch).
-  at::Tensor dr = at::zeros({g.H, g.C}, part.options()), dpad = at::zeros({g.B, 2 * HD}, part.options());
+  at::Tensor dr = at::zeros({g.H, g.C}, part.options());
+  at::Tensor dpad_k = at::zeros({pad_k ? g.B : 0, g.H, g.Dh}, part.options()), dpad_v = at::zeros_like(dpad_k);
   AT_DISPATCH_FLOATING_TYPES(part.scalar_type(), "sliding_dilated_cpu_reduce", [&] {
     const scalar_t* src = part.data_ptr<scalar_t>();
-    scalar_t *dst_r = dr.data_ptr<scalar_t>(), *dst_pad = dpad.data_ptr<scalar_t>();
+    scalar_t *dst_r = dr.data_ptr<scalar_t>(), *dst_k = dpad_k.data_ptr<scalar_t>(), *dst_v = dpad_v.data_ptr<scalar_t>();
     for (int64_t unit = 0; unit < units; ++unit) {
       const scalar_t* row = src + unit * width;
       for (int64_t x = 0; x < HC; ++x) dst_r[x] += row[x];
-      scalar_t* pad_row = dst_pad + unit / g.units_per_batch * 2 * HD;
-      for (int64_t x = 0; x < 2 * HD; ++x) pad_row[x] += row[HC + x];
+      if (!pad_k) continue;
+      const int64_t at = unit / g.units_per_batch * HD;
+      for (int64_t x = 0; x < HD; ++x) dst_k[at + x] += row[HC + x], dst_v[at + x] += row[HC + HD + x];
     }
   });
-  at::Tensor dpad_k = at::empty({0}, q.options()), dpad_v = at::empty({0}, q.options());
-  if (pad_k) {
-    dpad = dpad.view({g.B, 2, g.H, g.Dh}).to(q.scalar_type());
-    dpad_k = dpad.select(1, 0).clone(), dpad_v = dpad.select(1, 1).clone();  // own storage each
-  }
+  if (!pad_k) dpad_k = dpad_k.view({0}), dpad_v = dpad_v.view({0});
+  dpad_k = dpad_k.to(q.scalar_type()), dpad_v = dpad_v.to(q.scalar_type());
   return {dq, dk, dv, dr, dpad_k, dpad_v};
 }
 
