@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile, algorithm))
                 r = rows[-1]
                 print(f"T={t} C={chunk} {dtype} {algorithm}: {r['seconds'] * 1e3:.1f} ms, "
-                      f"{r['seconds'] / (r['floor_bytes'] / max(bandwidth.values())):.1f}x floor, {r['ops']} ops", flush=True)
+                      f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, {r['ops']} ops", flush=True)
     atomic_write_text(args.out, render(rows, bandwidth, args, command))
     print(f"wrote {args.out}")
     return 0
