@@ -6,7 +6,8 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
 2. counts the bytes a forward+backward must move at least once: q, k, v, out, dout, dq, dk, dv (8 tensors of
    B·H·T·Dh elements), the pads and their gradients (4·B·H·Dh) and the window scalars and theirs (2·H·C fp32);
 3. times the kernel forward+backward (``out.backward(dout)``, dout allocated outside the timing), median of `--reps`,
-   eager and under ``torch.compile`` (unless ``--no-compile``);
+   eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, shift,
+   blocked; the fused C++ operator "cpp" is auto's choice on CPU);
 4. profiles one forward+backward with ``torch.profiler`` (shapes recorded): the number of leaf ATen ops and the
    bytes their inputs hold (Σ over leaf ops of the elements of every tensor input × the element size of the run's
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
@@ -18,11 +19,14 @@ multiple of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 
 
     python eval/bench_traffic.py --out results/bench_traffic.md
     python eval/bench_traffic.py --lengths 16384 --chunks 2 --dtypes fp32 --reps 2      # quick look
+    python eval/bench_traffic.py --lengths 16384 --chunks 2,4,8 --dtypes fp32 --algorithms cpp,shift --no-compile
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import shlex
 import statistics
 import sys
@@ -88,13 +92,13 @@ def _timed(inputs: tuple, chunk: int, reps: int, attention=sliding_dilated_atten
     return statistics.median(times)
 
 
-def op_traffic(inputs: tuple, chunk: int, element: int) -> tuple[int, int]:
+def op_traffic(inputs: tuple, chunk: int, element: int, attention=sliding_dilated_attention) -> tuple[int, int]:
     """(leaf ATen ops, bytes of their tensor inputs) of one forward+backward, from torch.profiler's shapes; tensors
     of the run's dtype count `element` bytes, and so do fp32 score tensors here (a lower bound for bf16 runs)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        forward_backward(inputs, chunk)
+        forward_backward(inputs, chunk, attention)
     ops, elements = 0, 0
     for event in prof.events():
         if event.cpu_children or not event.name.startswith("aten::"):
@@ -109,17 +113,19 @@ def op_traffic(inputs: tuple, chunk: int, element: int) -> tuple[int, int]:
     return ops, elements * element
 
 
-def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int, compiled: bool) -> dict:
+def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int, compiled: bool,
+            algorithm: str = "auto") -> dict:
     """Eager (and with `compiled`, ``torch.compile``d: Inductor's fused C++ loops) forward+backward times, the
     floor's bytes and the eager ops' traffic at one (T, C, dtype); compiled outputs are checked against eager."""
     element = torch.finfo(DTYPES[dtype]).bits // 8
     inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
-    row = {"t": t, "chunk": chunk, "dtype": dtype, "seconds": _timed(inputs, chunk, reps),
+    attention = functools.partial(sliding_dilated_attention, algorithm=algorithm)
+    row = {"t": t, "chunk": chunk, "dtype": dtype, "algorithm": algorithm, "seconds": _timed(inputs, chunk, reps, attention),
            "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element)}
-    row["ops"], row["op_bytes"] = op_traffic(inputs, chunk, element)
+    row["ops"], row["op_bytes"] = op_traffic(inputs, chunk, element, attention)
     if compiled:
         torch._dynamo.reset()
-        fused = torch.compile(sliding_dilated_attention, dynamic=False)
+        fused = torch.compile(attention, dynamic=False)
         q, k, v, pad_k, pad_v, rel_bias, _ = inputs
         with torch.no_grad():
             gap = (fused(q, k, v, rel_bias, chunk, pad_k, pad_v).float()
@@ -137,13 +143,13 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
              f"B = 1; median of {args.reps} forward+backward passes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
              f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s.", "",
-             "| T | C | dtype | fwd+bwd ms | floor bytes (MB) | floor ms | time ÷ floor | leaf ops | op input bytes "
+             "| T | C | dtype | algorithm | fwd+bwd ms | floor bytes (MB) | floor ms | time ÷ floor | leaf ops | op input bytes "
              "(MB) | op bytes ÷ floor bytes | op bytes at the bandwidth, ms | compiled ms | compiled ÷ floor | "
              "compiled max abs diff |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         floor_ms = r["floor_bytes"] / best / 1e6
-        lines.append(f"| {r['t']:,} | {r['chunk']} | {r['dtype']} | {r['seconds'] * 1e3:.1f} | "
+        lines.append(f"| {r['t']:,} | {r['chunk']} | {r['dtype']} | {r['algorithm']} | {r['seconds'] * 1e3:.1f} | "
                      f"{r['floor_bytes'] / 1e6:,.0f} | {floor_ms:.1f} | {r['seconds'] * 1e3 / floor_ms:.1f}× | "
                      f"{r['ops']} | {r['op_bytes'] / 1e6:,.0f} | {r['op_bytes'] / r['floor_bytes']:.1f}× | "
                      f"{r['op_bytes'] / best / 1e6:.1f} | "
@@ -164,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="16384,65536", help="sequence lengths T (default: %(default)s)")
     p.add_argument("--chunks", default="2,8", help="chunk sizes C (default: %(default)s)")
     p.add_argument("--dtypes", default="fp32,bf16", help="q/k/v dtypes (default: %(default)s)")
+    p.add_argument("--algorithms", default="auto", help="comma-separated: auto, cpp, shift, blocked (default: %(default)s)")
     p.add_argument("--heads", type=positive_int, default=8)
     p.add_argument("--head-dim", type=positive_int, default=64)
     p.add_argument("--reps", type=positive_int, default=3)
@@ -180,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = args.dtypes.split(",")
     if bad := [d for d in dtypes if d not in DTYPES]:
         p.error(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPES)}")
+    algorithms = args.algorithms.split(",")
+    if bad := [a for a in algorithms if a not in ("auto", "cpp", "shift", "blocked")]:
+        p.error(f"--algorithms: {bad[0]!r} is not one of auto, cpp, shift, blocked")
     if min(lengths) < 1 or min(chunks) < 2:
         p.error("expected lengths >= 1, chunks >= 2")
     torch.set_num_threads(args.threads)
@@ -189,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for dtype in dtypes:
         for t in lengths:
-            for chunk in chunks:
-                rows.append(measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile))
+            for chunk, algorithm in itertools.product(chunks, algorithms):
+                rows.append(measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile, algorithm))
                 r = rows[-1]
-                print(f"T={t} C={chunk} {dtype}: {r['seconds'] * 1e3:.1f} ms, {r['ops']} ops", flush=True)
+                print(f"T={t} C={chunk} {dtype} {algorithm}: {r['seconds'] * 1e3:.1f} ms, "
+                      f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, {r['ops']} ops", flush=True)
     atomic_write_text(args.out, render(rows, bandwidth, args, command))
     print(f"wrote {args.out}")
     return 0

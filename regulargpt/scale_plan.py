@@ -56,7 +56,7 @@ import torch
 from regulargpt.config import Config, ConfigError, ModelConfig
 from regulargpt.model import adaptive_depth, build_model
 from regulargpt.model.dense_attention import query_chunk_size
-from regulargpt.model.sliding_dilated import choose_band
+from regulargpt.model.sliding_dilated import choose_band, fused_algorithm
 
 __all__ = ["Cluster", "ModelSize", "MemoryEstimate", "model_size", "precision_bytes", "model_state_bytes",
            "zero_buffers", "activation_bytes", "estimate", "step_seconds", "longest_length", "choose_stage",
@@ -185,6 +185,8 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
         n = -(-length // dil)
         if device == "cuda":
             step = (4 * d * b + 4 * h) * batch * dil * n
+        elif fused_algorithm("cpu") == "cpp":  # the C++ operator: q, k, v as views of the qkv output, fp32 probs
+            step = (3 * d * b + 4 * h * c) * tokens
         elif choose_band(c, dil, length, dtype) == "shift":
             q = 3 * d * b * tokens if n * dil == length else d * b * batch * dil * n
             step = q + 2 * d * b * batch * dil * (n + c - 1) + 4 * h * c * batch * dil * n

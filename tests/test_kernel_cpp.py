@@ -137,6 +137,11 @@ def test_opcheck(pad):
     torch.library.opcheck(torch.ops.regulargpt.sliding_dilated_cpu.default, (q, k, v, r, pk, pv, 3, 0, 1))
     q = torch.randn(2, 4, 2, 4, dtype=torch.float64, requires_grad=True)  # tree mode: 4 queries, step 3
     torch.library.opcheck(torch.ops.regulargpt.sliding_dilated_cpu.default, (q, k, v, r, pk, pv, 1, 1, 3))
+    # (B, H, T, Dh) tensors seen as (B, T, H, Dh): dense, so the gradients come in that layout
+    q, k, v = (torch.randn(2, 2, 11, 4, dtype=torch.float64).transpose(1, 2).requires_grad_() for _ in range(3))
+    torch.library.opcheck(torch.ops.regulargpt.sliding_dilated_cpu.default, (q, k, v, r, pk, pv, 2, 0, 1))
+    dq, dk, dv, *_ = torch.autograd.grad(sliding_dilated_cpu(q, k, v, r, 2, pk, pv).sum(), [q, k, v])
+    assert dq.stride() == q.stride() and dk.stride() == k.stride() and dv.stride() == v.stride()
 
 
 def test_dispatch_reads_the_projection_in_place_and_merges_heads_as_a_view():
@@ -171,3 +176,20 @@ def test_auto_falls_back_with_one_warning_when_the_build_fails(monkeypatch):
     assert (out - reference_sliding_dilated_attention(q, k, v, r, 4)).abs().max() < 1e-5
     with pytest.raises(RuntimeError, match="no g\\+\\+"):
         sliding_dilated_attention(q, k, v, r, 4, algorithm="cpp")
+
+
+def test_public_api_gradients_in_the_callers_layout():
+    """Contiguous (B, H, T, Dh) leaves through `sliding_dilated_attention(algorithm="cpp")`: the gradients the
+    operator writes in that dense layout equal the dense reference's."""
+    for c, dilation, t in [(2, 2, 37), (3, 9, 20), (8, 1, 300)]:
+        q, k, v = (torch.randn(2, 3, t, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        r = torch.randn(3, c, dtype=torch.float64, requires_grad=True)
+        pk, pv = (torch.randn(1, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        pads = (pk.expand(2, 3, 8), pv.expand(2, 3, 8))
+        out = sliding_dilated_attention(q, k, v, r, dilation, *pads, algorithm="cpp")
+        ref = reference_sliding_dilated_attention(q, k, v, r, dilation, *pads)
+        assert (out - ref).abs().max() < 1e-10
+        weights = torch.randn_like(ref)
+        for g, w in zip(torch.autograd.grad((out * weights).sum(), [q, k, v, r, pk, pv]),
+                        torch.autograd.grad((ref * weights).sum(), [q, k, v, r, pk, pv])):
+            assert (g - w).abs().max() < 1e-10, (c, dilation, t)

@@ -14,6 +14,7 @@ from helpers import ROOT, load_script
 from regulargpt.cli import run
 from regulargpt.config import ConfigError, load_config
 from regulargpt.model import build_model
+from regulargpt.model.sliding_dilated import fused_algorithm
 from regulargpt.scale_plan import (
     Cluster,
     ModelSize,
@@ -113,12 +114,14 @@ def test_activations_match_what_autograd_saves(path: Path, precision: str, lengt
 
 
 def test_activations_hand_computed_and_linear_at_fixed_depth() -> None:
-    """RegularGPT d 64, H 4, C 8, K 4, V 512, bf16, B 1, T 256 (3 depth steps: dilations 1, 8, 64; the blocked
-    kernel at the first two, shift at the last, where N = 4). Per token: 12 applications × (LN in/stats, matmul
-    inputs, FFN hidden: 2·(5·64 + 8·64) + 8 = 1672) + 8 blocked × (5·64·2 + 4·16·(4+2)) = 8 × 1024 + 4 shift ×
-    (3·64·2 + 2·64·2·11/4 + 4·4·8) = 4 × 1216, plus the head (2·64·2 + 4 + 4·512) = 2308 and the loss (6·512)."""
+    """RegularGPT d 64, H 4, C 8, K 4, V 512, bf16, B 1, T 256 (3 depth steps: dilations 1, 8, 64; the C++
+    operator at each, or without it the blocked kernel at the first two and shift at the last, where N = 4). Per
+    token: 12 applications × (LN in/stats, matmul inputs, FFN hidden: 2·(5·64 + 8·64) + 8 = 1672) + 12 C++ calls ×
+    (qkv 3·64·2 + fp32 probabilities 4·4·8 = 512), or 8 blocked × (5·64·2 + 4·16·(4+2)) = 8 × 1024 + 4 shift ×
+    (3·64·2 + 2·64·2·11/4 + 4·4·8) = 4 × 1216; plus the head (2·64·2 + 4 + 4·512) = 2308 and the loss (6·512)."""
     cfg = load_config(BASE, SMALL)
-    per_token = 12 * 1672 + 8 * 1024 + 4 * 1216 + 2308 + 6 * 512
+    attention = 12 * 512 if fused_algorithm("cpu") == "cpp" else 8 * 1024 + 4 * 1216
+    per_token = 12 * 1672 + attention + 2308 + 6 * 512
     assert activation_bytes(cfg, 256, 1, False, "cpu") == per_token * 256
     cuda = [activation_bytes(cfg, t, 2, False, "cuda") for t in (128, 256, 512)]  # all depth 3 at C = 8
     assert cuda[1] == 2 * cuda[0] and cuda[2] == 2 * cuda[1]

@@ -136,7 +136,7 @@ def test_memory_is_linear_in_length_at_65536():
     assert grown_kib < 20 * tensor_kib, f"peak grew by {grown_kib} KiB, bound {20 * tensor_kib} KiB"
 
 
-@pytest.mark.parametrize("algorithm", ["shift", "blocked"])
+@pytest.mark.parametrize("algorithm", ["cpp", "shift", "blocked"])
 def test_autocast_runs_the_kernel_in_bf16_and_stays_close_to_fp32(algorithm):
     """Under CPU autocast, fp32 inputs are cast to bf16 (bf16 matmuls); scores stay fp32, gradients reach fp32 leaves."""
     c, dilation, t = 4, 4, 100

@@ -6,7 +6,8 @@ Operator (the contract of `regulargpt.kernels`), query i at position p_i = query
 
 q (B, Tq, H, Dh), k, v (B, T, H, Dh) in the projection's layout, read in place; out (B, Tq, H, Dh) contiguous.
 The forward also returns the probabilities P (B, Tq, H, C) (fp32, fp64 for fp64 inputs), saved for the backward
-instead of the log-sum-exp, and the backward is a second operator, ``regulargpt::sliding_dilated_cpu_backward``;
+instead of the log-sum-exp; dq, dk, dv come in the layout of q, k, v when that is dense (so autograd keeps them
+without a copy), else contiguous. The backward is a second operator, ``regulargpt::sliding_dilated_cpu_backward``;
 both have fake (meta) implementations, so torch.compile captures them, and `torch.library.opcheck` passes.
 
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
@@ -97,8 +98,8 @@ def _forward_fake(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_
 @_backward.register_fake
 def _backward_fake(dout, q, k, v, rel_bias, pad_k, pad_v, probs, dilation, query_start, query_step):
     pad_shape = (k.shape[0], k.shape[2], k.shape[3]) if pad_k is not None else (0,)
-    return (q.new_empty(q.shape), k.new_empty(k.shape), k.new_empty(k.shape),
-            q.new_empty(rel_bias.shape, dtype=_acc_dtype(q)), q.new_empty(pad_shape), q.new_empty(pad_shape))
+    dq, dk, dv = (torch.empty_like(x if x.stride(-1) == 1 else x.contiguous()) for x in (q, k, v))  # their layout
+    return dq, dk, dv, q.new_empty(rel_bias.shape, dtype=_acc_dtype(q)), q.new_empty(pad_shape), q.new_empty(pad_shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
