@@ -27,7 +27,7 @@ import torch
 from regulargpt.files import atomic_write_text
 from regulargpt.provenance import cpu_name
 
-__all__ = ["PEAK_ENV", "DATASHEET_PEAKS", "datasheet_peak", "cache_path", "machine_key", "measure_peak",
+__all__ = ["PEAK_ENV", "DATASHEET_PEAKS", "DATASHEET_BANDWIDTH", "datasheet_peak", "datasheet_bandwidth", "cache_path", "machine_key", "measure_peak",
            "cached_peak", "raise_peak"]
 
 PEAK_ENV = "REGULARGPT_PEAK_FLOPS"
@@ -47,6 +47,20 @@ def datasheet_peak(device: str, dtype: str) -> tuple[float, str] | None:
         return None
     name = _processor(device)
     return next(((flops, name) for key, flops in DATASHEET_PEAKS if key in name), None)
+
+
+# HBM bandwidth from the same datasheets, bytes/s per GPU (the memory-traffic floor of eval/gpu_steps.py bench).
+DATASHEET_BANDWIDTH: tuple[tuple[str, float], ...] = (
+    ("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("A100", 2.0e12),
+)
+
+
+def datasheet_bandwidth(device: str) -> tuple[float, str] | None:
+    """→ (datasheet HBM bytes/s, GPU name) for a CUDA `device` in DATASHEET_BANDWIDTH; None otherwise."""
+    if not device.startswith("cuda"):
+        return None
+    name = _processor(device)
+    return next(((bps, name) for key, bps in DATASHEET_BANDWIDTH if key in name), None)
 
 
 def cache_path() -> Path:

@@ -383,6 +383,8 @@ class _Trainer:
                 tps = window_tokens / max(window_time, 1e-9)
                 rec.update(tokens=self.tokens, tokens_per_s=tps, **self._mfu(tps),
                            elapsed_s=round(time.perf_counter() - run_start, 3))
+                if self.device.type == "cuda":  # the caching allocator's own count: no device sync
+                    rec["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
                 window_time, window_tokens = 0.0, 0
                 if do_eval:
                     last_val = rec["val_loss"] = self.validate()
