@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench gpu-wheels clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ bench: $(STAMP)
 	$(PY) eval/bench_train.py --out results/bench_train.md
 	$(PY) eval/bench_tree.py --config configs/formal/parity_check.json --out results/bench_tree.md
 	OMP_NUM_THREADS=1 $(PY) eval/bench_generate.py --out results/bench_generate.md
+
+# The wheels eval/gpu_check.sh installs on a GPU machine whose image has no deepspeed (eval/gpu_deps.py; pip and PyPI
+# here, offline there): git-ignored, carried with the check (docs/PERFORMANCE.md, "Checking a GPU machine").
+gpu-wheels: $(STAMP)
+	$(PY) eval/gpu_deps.py download --out eval/gpu_wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -40,7 +40,9 @@ _WORKER = textwrap.dedent(
     import json, sys, time, torch
     import torch.nn.functional as F
     from regulargpt.config import load_config
-    from regulargpt.model import build_model, adaptive_depth
+    from regulargpt.model import build_model, adaptive_depth, ATTENTION_BIASES
+    from regulargpt.model.sliding_dilated import choose_algorithm
+    from regulargpt.model.dense_attention import attention_backend
     path, steps, warmup, batch, threads, dtype = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
     overrides, device, compile_model = json.loads(sys.argv[7]), sys.argv[8], sys.argv[9] == "1"
     cuda = device == "cuda"
@@ -82,10 +84,16 @@ _WORKER = textwrap.dedent(
     m = cfg.model
     apps = m.thickness * adaptive_depth(t, m.chunk_size) if m.architecture == "regular_gpt" else m.n_layers
     tok_s = batch * t / seconds
+    if m.architecture == "regular_gpt":  # the kernel `auto` picks at each depth step (dilation C**l)
+        kinds = sorted({choose_algorithm(m.chunk_size, m.chunk_size**l, t, torch.bfloat16 if amp else torch.float32)
+                        for l in range(adaptive_depth(t, m.chunk_size))})
+        attention = "sliding-dilated " + "+".join(kinds)
+    else:
+        attention = attention_backend(torch.device(device), t, t, m.position in ATTENTION_BIASES)
     print(json.dumps({"config": path + "".join(" --set " + o for o in overrides), "model": m.architecture + ("" if m.architecture == "regular_gpt" else "/" + m.position),
                       "T": t, "batch": batch, "layer_applications": apps, "params": model.num_parameters(),
                       "step_s": seconds, "fwd_bwd_s": fwd_bwd_s, "optimizer_s": optimizer_s, "tokens_per_s": tok_s,
-                      "flops_per_token": model.flops_per_token(t),
+                      "flops_per_token": model.flops_per_token(t), "attention": attention,
                       "peak_memory_mib": memory_mib}))
     """
 )

@@ -27,10 +27,40 @@ import torch
 from regulargpt.files import atomic_write_text
 from regulargpt.provenance import cpu_name
 
-__all__ = ["PEAK_ENV", "cache_path", "machine_key", "measure_peak", "cached_peak", "raise_peak"]
+__all__ = ["PEAK_ENV", "DATASHEET_PEAKS", "DATASHEET_BANDWIDTH", "datasheet_peak", "datasheet_bandwidth", "cache_path", "machine_key", "measure_peak",
+           "cached_peak", "raise_peak"]
 
 PEAK_ENV = "REGULARGPT_PEAK_FLOPS"
+
+# Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's datasheets, FLOP/s per GPU, matched against
+# torch.cuda.get_device_name in order (the first substring found wins): the denominator papers use for MFU.
+DATASHEET_PEAKS: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("A100", 312e12),
+)
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def datasheet_peak(device: str, dtype: str) -> tuple[float, str] | None:
+    """→ (datasheet FLOP/s, GPU name) for a CUDA `device` listed in DATASHEET_PEAKS in bf16/fp16; None otherwise
+    (a CPU, an unlisted GPU, fp32), e.g. ``datasheet_peak("cuda:0", "bf16") == (989e12, "NVIDIA H200")``."""
+    if not device.startswith("cuda") or dtype not in ("bf16", "fp16"):
+        return None
+    name = _processor(device)
+    return next(((flops, name) for key, flops in DATASHEET_PEAKS if key in name), None)
+
+
+# HBM bandwidth from the same datasheets, bytes/s per GPU (the memory-traffic floor of eval/gpu_steps.py bench).
+DATASHEET_BANDWIDTH: tuple[tuple[str, float], ...] = (
+    ("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("A100", 2.0e12),
+)
+
+
+def datasheet_bandwidth(device: str) -> tuple[float, str] | None:
+    """→ (datasheet HBM bytes/s, GPU name) for a CUDA `device` in DATASHEET_BANDWIDTH; None otherwise."""
+    if not device.startswith("cuda"):
+        return None
+    name = _processor(device)
+    return next(((bps, name) for key, bps in DATASHEET_BANDWIDTH if key in name), None)
 
 
 def cache_path() -> Path:

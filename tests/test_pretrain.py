@@ -198,7 +198,9 @@ def test_lr_schedule_and_deepspeed_config(data_dir):
     assert lr_factor(5, flat) == pytest.approx(0.6) and {lr_factor(s, flat) for s in range(10, 201)} == {1.0}
     ds = deepspeed_config(cfg, world_size=4)
     assert ds["train_batch_size"] == 4 * 2 * 4 and ds["gradient_accumulation_steps"] == 2
-    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": False} and ds["bf16"] == {"enabled": False}
+    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": False, "contiguous_gradients": True,  # the user's
+                                       "reduce_bucket_size": 50_000_000, "allgather_bucket_size": 50_000_000}  # wins
+    assert ds["bf16"] == {"enabled": False}
 
 
 def test_activation_checkpointing_recomputes_every_application_with_identical_gradients(data_dir):

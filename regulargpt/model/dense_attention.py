@@ -21,18 +21,28 @@ the bias, its mask and, for learned biases, its backward then run once per step 
 inputs compute each chunk's block in every layer, as before (bounded memory wins over reuse).
 
 Worked example (T = 4, one head, ALiBi slope 1/2): the mask row of query 2 is [−1, −1/2, 0, −inf].
+
+Backends (:func:`attention_backend`, the one place the choice is made): on CUDA a biased pass over every position
+runs FlexAttention (:func:`flex_causal_attention`): the bias enters as ``score_mod`` through a table of the bias at
+each distance, table[h, Δ] = b_h(m, m − Δ), with a causal block mask; a learned bias's gradient reaches its
+parameters through the table. Exact for biases of the distance Δ = m − n only (ALiBi, T5, KERPLE; checked for every
+registered bias in tests/test_attention_backends.py). Without a bias, SDPA with ``is_causal`` (its flash kernel on
+CUDA in bf16: RoPE and NoPE); the CPU keeps the paths above.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["CausalBias", "causal_attention", "query_chunk_size"]
+__all__ = ["CausalBias", "attention_backend", "causal_attention", "distance_table", "flex_causal_attention",
+           "query_chunk_size"]
 
 BiasFn = Callable[[Tensor, Tensor], Tensor]  # (query positions (Tq,), key positions (Tk,)) -> (H, Tq, Tk) fp32
 
@@ -67,6 +77,8 @@ class CausalBias:
         """The blocks `causal_attention` asks for over `length` positions (its query chunks), memoised while their
         total stays within memory_mb; `dtype`: the mask dtype, promote(q dtype, fp32)."""
         blocks = cls(bias)
+        if attention_backend(device, length, length, True) == "flex":
+            return blocks  # FlexAttention reads the bias per distance, not these blocks
         chunk, used = query_chunk_size(batch, heads, length, memory_mb), 0
         for start in range(0, length, chunk):
             stop = min(length, start + chunk)
@@ -87,6 +99,55 @@ class CausalBias:
         return self.bias(queries, keys).to(dtype).masked_fill(future, float("-inf"))  # (H, c, stop)
 
 
+def attention_backend(device: torch.device, query_length: int, key_length: int, biased: bool) -> str:
+    """The kernel :func:`causal_attention` runs: "sdpa-causal" (no bias, every position), "sdpa-mask" (no bias, the
+    last queries only), "flex" (a bias, every position, on CUDA with FlexAttention available), else "chunked" (the
+    query-chunked paths of the module doc)."""
+    every = query_length == key_length
+    if not biased:
+        return "sdpa-causal" if every else "sdpa-mask"
+    if device.type == "cuda" and every and not _flex_failed:
+        from regulargpt.model.flex_sliding import flex_available
+
+        if flex_available():
+            return "flex"
+    return "chunked"
+
+
+_flex_failed: list[str] = []  # the error FlexAttention raised in this process, if any: later calls run "chunked"
+
+
+def distance_table(bias: BiasFn, length: int, device: torch.device) -> Tensor:
+    """(H, length) fp32: the bias at distances 0..length−1, table[h, Δ] = bias(m, m − Δ)[h], read off the last query
+    against every key (keys length−1 … 0: distances 0 … length−1). Equal to the full bias when it depends on Δ only."""
+    positions = torch.arange(length, device=device)
+    return bias(positions[-1:], positions.flip(0))[:, 0].float()
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_block_mask(length: int, device: str):  # -> BlockMask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, m, n: m >= n, None, None, length, length, device=device)
+
+
+def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn, compiled: bool = True) -> Tensor:
+    """FlexAttention over every position of q, k, v (B, H, T, Dh): score + table[h, m − n] under a causal block
+    mask (:func:`distance_table`). `compiled=False`: torch's eager implementation (its forward also runs on CPU)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from regulargpt.model.flex_sliding import _compiled_flex  # the one compiled flex_attention (static shapes)
+
+    length = q.shape[2]
+    table = distance_table(bias, length, q.device)  # (H, T)
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, m: Tensor, n: Tensor) -> Tensor:
+        return score + table[h, (m - n).clamp(min=0)]  # above the diagonal: masked, any finite filler
+
+    attend = _compiled_flex() if compiled else flex_attention
+    return attend(q, k, v, score_mod=score_mod, block_mask=_causal_block_mask(length, str(q.device)))
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | CausalBias | None = None,
                      memory_mb: int = 256) -> Tensor:
     """Causal attention; k, v: (B, H, Tk, Dh), q: (B, H, Tq, Dh) for the LAST Tq positions (Tq = Tk: every
@@ -96,6 +157,14 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | CausalBias 
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     first = tk - tq  # absolute position of the first query
+    backend = attention_backend(q.device, tq, tk, bias is not None)
+    if backend == "flex":
+        try:
+            return flex_causal_attention(q, k, v, bias.bias if isinstance(bias, CausalBias) else bias)
+        except Exception as err:  # noqa: BLE001 (a kernel that does not build here, e.g. Triton shared memory)
+            _flex_failed.append(f"{type(err).__name__}: {str(err)[:300]}")
+            warnings.warn(f"FlexAttention failed ({_flex_failed[0]}); the biased baselines run the chunked path "
+                          f"in this process", RuntimeWarning, stacklevel=2)
     if bias is None:
         if tq == tk:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)

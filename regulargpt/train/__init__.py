@@ -10,7 +10,8 @@ loop, validation, preemption, non-finite steps), ``run_directory`` (the run dire
 config and metrics on resume, checkpoints with fallback, keep-last-k, extension, the trainer lock, resuming on
 another number of processes), ``export`` (ZeRO consolidation → model.pt), ``metrics_log`` (console, metrics.jsonl, wandb),
 ``formal_trainer`` (the formal-language trainer), ``faults`` (test-only NaN injection), ``stopping`` (signals and
-the launcher's end → checkpoint and exit). Nothing here imports DeepSpeed or wandb at import time. See
+the launcher's end → checkpoint and exit), ``lm_loss`` (the fp32 cross-entropy in chunks), ``step_stats`` (losses
+and gradient norms summed on the device between records). Nothing here imports DeepSpeed or wandb at import time. See
 docs/RELIABILITY.md.
 """
 

@@ -19,8 +19,9 @@ Example (one process, after :func:`prepare_process_env`)::
     loss = loss_fn(engine(inputs), targets); engine.backward(loss); engine.step()
 
 Skipped steps: the client optimizer is :class:`GuardedAdamW`, whose ``step`` — the call every DeepSpeed wrapper (ZeRO
-1–3, the bf16/fp16 optimizers) makes last, after it has computed the global gradient norm — does nothing for a step
-the loop marked bad or whose global norm is not finite. Weights and optimizer state then stay
+1–3, the bf16/fp16 optimizers) makes last, after it has computed the global gradient norm — reads the loop's
+device flags (one host read per optimizer step) and does nothing for a step the loop marked bad or whose global
+norm is not finite. Weights and optimizer state then stay
 exactly as they were (DeepSpeed still zeroes the gradients). Most DeepSpeed wrappers also skip such a step on their
 own (``OVERFLOW! Skipping step``); the guard makes it hold for every stage and precision, ZeRO-0 fp32 included,
 where DeepSpeed calls the torch optimizer directly.
@@ -54,6 +55,7 @@ __all__ = [
     "param_groups",
     "apply_activation_checkpointing",
     "GuardedAdamW",
+    "adamw_kernel",
     "build_engine",
     "check_precision",
 ]
@@ -97,8 +99,30 @@ def skip_shm_build(force: bool = False) -> bool:
 # ------------------------------------------------------------------------------------------- deepspeed config
 
 
+COMPILE_BACKEND_ENV = "REGULARGPT_COMPILE_BACKEND"  # e.g. aot_eager: dynamo + AOT autograd without inductor's codegen
+BUCKET_ELEMENTS = 50_000_000  # 100 MB of bf16 gradients per ZeRO reduce / all-gather bucket
+
+
+def _zero_section(stage: int) -> dict[str, Any]:
+    """``zero_optimization`` for `stage`. Stages 1–3 reduce gradients in buckets of ``BUCKET_ELEMENTS`` while the
+    backward pass goes on (``overlap_comm``, into one ``contiguous_gradients`` buffer); DeepSpeed's default bucket
+    (5e8 elements) is larger than the base model (~124 M parameters), so nothing would overlap. Stage 3 prefetches
+    the next layers' parameters in buckets of the same size. Exact: a bucket sums the same values over the ranks in
+    the same order, whatever its size (tests/test_host_syncs.py compares two-process losses with and without)."""
+    if stage == 0:
+        return {"stage": 0}
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                            "reduce_bucket_size": BUCKET_ELEMENTS}
+    if stage == 3:
+        zero["stage3_prefetch_bucket_size"] = BUCKET_ELEMENTS
+    else:
+        zero["allgather_bucket_size"] = BUCKET_ELEMENTS
+    return zero
+
+
 def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
-    """The DeepSpeed config for `cfg`: batch sizes, ZeRO stage, precision, clipping; ``cfg.deepspeed`` merged last.
+    """The DeepSpeed config for `cfg`: batch sizes, ZeRO stage (:func:`_zero_section`), precision, clipping;
+    ``cfg.deepspeed`` merged last (e.g. ``--set deepspeed.zero_optimization.overlap_comm=false``).
 
     >>> deepspeed_config(load_config("configs/tiny/regular_gpt.json"), 2)["train_batch_size"]  # doctest: +SKIP
     32
@@ -109,7 +133,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict[str, Any]:
         "gradient_accumulation_steps": t.grad_accum,
         "train_batch_size": t.batch_size * t.grad_accum * world_size,
         "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
+        "zero_optimization": _zero_section(t.zero_stage),
         "bf16": {"enabled": t.precision == "bf16"},
         "fp16": {"enabled": t.precision == "fp16", "initial_scale_power": 16},
         "zero_allow_untested_optimizer": True,
@@ -240,20 +264,42 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
 
 
 class GuardedAdamW(torch.optim.AdamW):
-    """``torch.optim.AdamW`` whose update can be discarded: with ``skip`` set, or when ``wrapper`` (the DeepSpeed
-    optimizer around it, if any) reports a non-finite global gradient norm — computed before it calls this ``step``
-    — ``step`` changes nothing and sets ``fired``. Plain AdamW otherwise; its state dict is AdamW's."""
+    """``torch.optim.AdamW`` whose update can be discarded, decided with one host read per optimizer step.
+
+    Before the step the trainer sets ``flags``, a 1-D tensor on the training device whose element 0 is non-zero for
+    a step to skip (the other elements are whatever else it wants on the host this step). ``step`` reads them in one
+    transfer together with whether ``wrapper`` (the DeepSpeed optimizer around it, if any) computed a non-finite
+    global gradient norm — computed before it calls this ``step`` — into ``read`` (a list of floats, the norm's
+    verdict last). With element 0 non-zero or a non-finite norm it changes nothing and sets ``fired``. Plain AdamW
+    otherwise; its state dict is AdamW's."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.skip, self.fired, self.wrapper = False, False, None
+        self.flags: torch.Tensor | None = None
+        self.read: list[float] | None = None
+        self.fired, self.wrapper = False, None
 
     def step(self, closure: Any = None) -> Any:
+        flags = self.flags if self.flags is not None else torch.zeros(1)
         norm = getattr(self.wrapper, "_global_grad_norm", None)
-        if self.skip or (norm is not None and not math.isfinite(float(norm))):
+        parts = [flags.float().reshape(-1)]
+        if torch.is_tensor(norm):
+            parts.append((~torch.isfinite(norm.float().reshape(1))).float().to(flags.device))
+        self.read = torch.cat(parts).tolist()  # the one host read (device sync) of this optimizer step
+        norm_bad = self.read[-1] > 0 if torch.is_tensor(norm) else norm is not None and not math.isfinite(norm)
+        if self.read[0] > 0 or norm_bad:
             self.fired = True
             return None
         return super().step(closure)
+
+
+def adamw_kernel(device: torch.device) -> dict[str, bool]:
+    """AdamW's implementation for parameters on `device`: the multi-tensor (``foreach``) kernels on CUDA, a few
+    launches per step for all tensors instead of ~10 per tensor; today's single-tensor loop on CPU. The two give the
+    same update bit for bit (tests/test_host_syncs.py, on CPU, where torch has both); ``fused`` was left out: it
+    differs from them in the last bit of fp32 (5.96e-8 after 5 steps, same test setup). Under ZeRO 1–3 DeepSpeed
+    hands the optimizer one flat partition per parameter group, so this matters most for ZeRO-0."""
+    return {"foreach": device.type == "cuda"}
 
 
 def check_precision(cfg: Config) -> None:
@@ -271,12 +317,11 @@ def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, A
 
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model)
-    if cfg.train.compile:  # in place: parameters, module names and the state dict are unchanged
-        model.compile()
     groups, names = param_groups(model, cfg.train.weight_decay)
     t = cfg.train
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     optimizer = GuardedAdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
-                             foreach=False)
+                             **adamw_kernel(device))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size),
@@ -284,4 +329,7 @@ def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, A
     )
     if ds_optimizer is not optimizer:
         optimizer.wrapper = ds_optimizer
+    if t.compile:  # DeepSpeed's compile: nn.Module.compile of the wrapped model, in place (names, state dict
+        backend = os.environ.get(COMPILE_BACKEND_ENV)  # unchanged); the backend env var is for the tests
+        engine.compile(**({"backend": backend} if backend else {}))
     return engine, ds_scheduler, names, optimizer

@@ -22,12 +22,18 @@ every rank agrees (one all-reduce per step), a checkpoint is written and :func:`
 arriving more than 2 s after the first exits at once (copies of one signal delivered by both SLURM and torchrun, or
 by a terminal and the deepspeed launcher, within that window count as one).
 
-Non-finite steps: before each backward every rank's loss is checked and the verdict all-reduced, so all ranks agree.
-A bad first micro-batch skips the step's backward and optimizer step outright; a bad later micro-batch (under
-gradient accumulation, when DeepSpeed is already part-way through its accumulation) or a non-finite global gradient
-norm lets the step run to its boundary and :class:`~regulargpt.train.engine.GuardedAdamW` discards the update. Either
-way weights and optimizer state are unchanged, the LR schedule still advances with the step count, a warning is
-printed and the step is logged with ``"skipped": true``. More than ``train.max_bad_steps`` skipped steps in a run (the
+Host reads: one per optimizer step, none per micro-batch. The micro-batch losses are summed on the device; after the
+last backward, the count of non-finite losses (and, for ZeRO-0 fp32, a non-finite gradient norm) and the two stop
+requests are all-reduced on the device and :class:`~regulargpt.train.engine.GuardedAdamW` reads them once, with the
+DeepSpeed wrapper's global-norm verdict, when DeepSpeed calls its ``step`` (the trainer reads them itself when a
+DeepSpeed wrapper skipped that call). Losses and gradient norms stay on the device
+(:class:`~regulargpt.train.step_stats.StepStats`) until a metrics record, every ``train.log_every`` steps, reads
+their window means. (DeepSpeed's own wrappers add reads of their own: overflow checks; see docs/PERFORMANCE.md.)
+
+Non-finite steps: a step with a non-finite loss on any rank, or a non-finite global gradient norm, runs its
+backward passes to the boundary and :class:`~regulargpt.train.engine.GuardedAdamW` discards the update; the verdict
+is all-reduced, so all ranks agree. Weights and optimizer state are unchanged, the LR schedule still advances with
+the step count, a warning is printed and the step is logged with ``"skipped": true``. More than ``train.max_bad_steps`` skipped steps in a run (the
 count is kept in checkpoints) stop it with a TrainError; the checkpoints on disk are left as they are.
 """
 
@@ -35,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging as _stdlib_logging
-import math
 import random
 import sys
 import time
@@ -47,10 +52,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from regulargpt.config import Config
-from regulargpt.peak import PEAK_ENV, cached_peak
+from regulargpt.peak import PEAK_ENV, cached_peak, datasheet_peak
 from regulargpt.run_directory.layout import MODEL_FILE
 from regulargpt import run_directory as rd
 from regulargpt.train.export import export_model
@@ -64,6 +68,8 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.faults import nan_plan, poison
+from regulargpt.train.lm_loss import lm_loss
+from regulargpt.train.step_stats import StepStats
 from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
@@ -144,6 +150,7 @@ class _Trainer:
         t = cfg.train
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
         self.peak, self.peak_source = self._shared_peak(str(device))
+        self.datasheet = datasheet_peak(str(device), cfg.train.precision)  # (FLOP/s, name) or None
         _seed_all(t.seed)  # identical initial weights on every rank
         model = build_model(cfg.model)
         self.flops_per_token = model.flops_per_token(cfg.data.seq_len)
@@ -152,7 +159,7 @@ class _Trainer:
         self.device = self.engine.device
         # ZeRO-0 fp32 hands DeepSpeed our torch AdamW unwrapped; DeepSpeed then clips without keeping the norm.
         self._plain_optimizer = self.optimizer.wrapper is None
-        self.grad_norm: float | None = None
+        self.grad_norm: torch.Tensor | float | None = None
         self.nan_plan = nan_plan(self.rank, self.world)  # test-only fault injection; {} unless REGULARGPT_INJECT_NAN
         _seed_all(t.seed * 1_000_003 + 7919 * (self.rank + 1))  # per-rank stream (dropout)
 
@@ -172,10 +179,18 @@ class _Trainer:
             self.dist.broadcast_object_list(choice, src=0)
         return choice[0]
 
-    def _mfu(self, tokens_per_s: float) -> float:
-        """Model FLOP/s over the peak, never above 1: a step faster than the peak raises this run's peak (the
-        cache is left alone: flops_per_token is a model count, not a measurement)."""
+    def _mfu(self, tokens_per_s: float) -> dict[str, float]:
+        """{"mfu": model FLOP/s over the datasheet peak (a GPU in regulargpt.peak.DATASHEET_PEAKS) or else the
+        measured one, "mfu_measured": over the measured peak, when a datasheet peak was used}."""
         achieved = self.flops_per_token * tokens_per_s / self.world
+        measured = self._mfu_measured(achieved)
+        if self.datasheet is None:
+            return {"mfu": measured}
+        return {"mfu": achieved / self.datasheet[0], "mfu_measured": measured}
+
+    def _mfu_measured(self, achieved: float) -> float:
+        """Achieved FLOP/s per process over the measured peak, never above 1: a step faster than the peak raises
+        this run's peak (the cache is left alone: flops_per_token is a model count, not a measurement)."""
         if achieved > self.peak:
             self.log.message(f"note: step {self.step}: {achieved / 1e9:.0f} GFLOP/s per process, above the peak "
                              f"{self.peak / 1e9:.0f} GFLOP/s ({self.peak_source}); using it as the peak from now on"
@@ -271,61 +286,67 @@ class _Trainer:
 
     def _loss(self, batch: torch.Tensor, fault: str | None = None) -> torch.Tensor:
         """Mean next-token cross-entropy of one micro-batch; `fault` is the test-only NaN injection (faults.py)."""
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()  # a copy from pageable memory would wait for the device
         batch = batch.to(self.device, non_blocking=True)
         logits, factor = poison(fault, self.engine(batch[:, :-1]))  # (B, T, V)
-        return factor * F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        return factor * lm_loss(logits, batch[:, 1:])
 
-    def _all_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over the ranks, in place, on this rank's device (no host round trip); returns it."""
         if self.world > 1:
-            t = t.to(self.device) if self.device.type == "cuda" else t
             self.dist.all_reduce(t)
-        return t.cpu().tolist()
+        return t
 
-    def _any_rank(self, flag: bool) -> bool:
-        return self._all_sum([float(flag)])[0] > 0 if self.world > 1 else flag
+    def _flag(self, value: bool) -> torch.Tensor:
+        return torch.full((), float(value), device=self.device)  # a fill on the device, not a host copy
 
     @torch.no_grad()
     def validate(self) -> float:
         self.engine.eval()
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(self.cfg.train.eval_batches):
-            total += self._loss(self.val_sampler.batch(i)).item()
+            total += self._loss(self.val_sampler.batch(i)).to(torch.float64)
         self.engine.train()
-        return self._all_sum([total])[0] / (self.cfg.train.eval_batches * self.world)
+        return self._reduce(total).item() / (self.cfg.train.eval_batches * self.world)
 
-    def train_step(self) -> tuple[float, bool]:
-        """One optimizer step (grad_accum micro-batches) → (this rank's mean loss, whether the step was skipped).
+    def train_step(self, stop: StopRequest) -> tuple[torch.Tensor, bool, bool, bool]:
+        """One optimizer step (grad_accum micro-batches) → (this rank's mean loss, a device scalar; whether the step
+        was skipped; whether a rank was signalled to stop; whether a rank's launcher is gone), the last three agreed
+        by every rank. One host read (see the module docstring).
 
-        Sets ``self.grad_norm``. A skipped step changes no weight and no optimizer state (see the module docstring).
+        Sets ``self.grad_norm`` (a device scalar, DeepSpeed's value, or None). A skipped step changes no weight and
+        no optimizer state.
         """
-        total, count, accum, bad = 0.0, 0, self.cfg.train.grad_accum, False
+        accum, opt = self.cfg.train.grad_accum, self.optimizer
         fault = self.nan_plan.get(self.step + 1)
         lr_epoch = self.scheduler.last_epoch
-        self.optimizer.skip = self.optimizer.fired = False
-        self.grad_norm = None
+        opt.fired, opt.read, self.grad_norm = False, None, None
+        loss_sum = torch.zeros((), device=self.device)
         for micro in range(accum):
             loss = self._loss(self.sampler.batch(self.step, micro), fault if micro == 0 else None)
-            total, count = total + loss.item(), count + 1
-            bad = self._any_rank(not math.isfinite(loss.item())) or bad  # every rank agrees before any backward
-            if bad and micro == 0:
-                break  # nothing accumulated yet: skip backward and optimizer step altogether
+            loss_sum = loss_sum + loss.detach().float()
             self.engine.backward(loss)
             if micro == accum - 1:
+                bad = (~torch.isfinite(loss_sum)).float()
                 if self._plain_optimizer:  # DeepSpeed records no norm here: take it pre-clipping (grads all-reduced)
                     grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-                    self.grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
-                    bad = bad or (self.grad_norm is not None and not math.isfinite(self.grad_norm))
-                self.optimizer.skip = bad
+                    self.grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+                    if self.grad_norm is not None:  # the same on every rank
+                        bad = bad + (~torch.isfinite(self.grad_norm)).float()
+                requested, by_signal = stop.requested, stop.by_signal  # (a signal may arrive later: next step)
+                opt.flags = self._reduce(torch.stack([bad, self._flag(requested and by_signal),
+                                                      self._flag(requested and not by_signal)]))
             self.engine.step()
-        if not self._plain_optimizer and not bad:
-            norm = self.engine.get_global_grad_norm()
-            self.grad_norm = None if norm is None else float(norm)
-        skipped = bad or self.optimizer.fired or not self.engine.was_step_applied()
+        flags = opt.read if opt.read is not None else opt.flags.tolist()  # read by opt.step unless DeepSpeed skipped it
+        opt.flags = None
+        bad_ranks, signalled, orphaned = flags[:3]
+        if not self._plain_optimizer and not bad_ranks:
+            self.grad_norm = self.engine.get_global_grad_norm()
+        skipped = bad_ranks > 0 or opt.fired or not self.engine.was_step_applied()
         if skipped and self.scheduler.last_epoch == lr_epoch:
             self.scheduler.step()  # DeepSpeed steps the schedule only after an applied update; keep lr = f(step)
-        self.optimizer.skip = False
-        return total / count, skipped
+        return loss_sum / accum, skipped, signalled > 0, orphaned > 0
 
     def _skip(self, loss: float) -> None:
         """Count a skipped step; warn, or stop the run when there were more than train.max_bad_steps."""
@@ -346,7 +367,11 @@ class _Trainer:
         if self.step == 0:
             self.log.message(f"{self.run_dir}: {self.num_parameters:,} parameters, {self.world} process(es), ZeRO "
                              f"{t.zero_stage}, {t.precision}, {self.tokens_per_step:,} tokens/step; peak "
-                             f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})")
+                             f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})"
+                             + ("; torch.compile on" if t.compile else "")
+                             + (f"; mfu against the datasheet peak {self.datasheet[0] / 1e12:.0f} TFLOP/s of the "
+                                f"{self.datasheet[1]}, mfu_measured against the measured one" if self.datasheet
+                                else ""))
         elif self.step >= t.steps:
             self.log.message(f"{self.run_dir}: already finished at step {self.step}/{t.steps}; nothing to train")
         elif t.extended_from and self.step == t.extended_from[-1]:
@@ -360,37 +385,41 @@ class _Trainer:
         self.engine.train()
         preempted, start_step, run_start = False, self.step, time.perf_counter()
         window_time, window_tokens, last_val, last_loss = 0.0, 0, None, None
+        stats = StepStats(self.device)
         while self.step < t.steps:
             start = time.perf_counter()
-            loss, skipped = self.train_step()
+            loss, skipped, signalled, orphaned = self.train_step(stop)
             lr = t.lr * lr_factor(self.step, cfg)
             self.step += 1
             self.tokens += self.tokens_per_step
-            requested, by_signal = stop.requested, stop.by_signal  # (a signal may arrive in between: next step)
-            loss_sum, signalled, orphaned = self._all_sum([loss, float(requested and by_signal),
-                                                           float(requested and not by_signal)])
-            loss = last_loss = loss_sum / self.world
+            stats.add(loss, None if skipped else self.grad_norm)
+            final = self.step == t.steps
+            do_eval = final or (t.eval_every > 0 and self.step % t.eval_every == 0)
+            record = do_eval or skipped or self.step % t.log_every == 0  # the same steps on every rank
+            if record:
+                loss, grad_norm = stats.read(self._reduce, self.world)  # waits for the device: inside the window
+                last_loss = loss
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
             self.log.advance()
             if skipped:
                 self._skip(loss)
-            final = self.step == t.steps
-            do_eval = final or (t.eval_every > 0 and self.step % t.eval_every == 0)
-            if do_eval or skipped or self.step % t.log_every == 0:
+            if record:
                 rec: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr}
-                if self.grad_norm is not None:
-                    rec["grad_norm"] = self.grad_norm
+                if grad_norm is not None:
+                    rec["grad_norm"] = grad_norm
                 if skipped:
                     rec["skipped"] = True
                 tps = window_tokens / max(window_time, 1e-9)
-                rec.update(tokens=self.tokens, tokens_per_s=tps, mfu=self._mfu(tps),
+                rec.update(tokens=self.tokens, tokens_per_s=tps, **self._mfu(tps),
                            elapsed_s=round(time.perf_counter() - run_start, 3))
+                if self.device.type == "cuda":  # the caching allocator's own count: no device sync
+                    rec["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
                 window_time, window_tokens = 0.0, 0
                 if do_eval:
                     last_val = rec["val_loss"] = self.validate()
                 self.log.record(rec)
-            if signalled + orphaned > 0 and not final:
+            if (signalled or orphaned) and not final:
                 stop.reason = stop.reason or ("a signal to another rank" if signalled else "another rank's launcher "
                                               "is gone")
                 self.log.message(f"step {self.step}: stop requested ({stop.reason}); saving a checkpoint and exiting")

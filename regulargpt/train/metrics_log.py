@@ -6,8 +6,10 @@
      "mfu": 0.031, "elapsed_s": 4.5}
     {"step": 100, ..., "val_loss": 5.02}          # val_loss when validation ran at that step
 
-``tokens_per_s`` counts tokens of all ranks over the steps since the previous record; ``mfu`` divides
-``flops_per_token(T) × tokens_per_s`` by the peak FLOP/s of all ranks (:func:`regulargpt.peak.cached_peak`, raised
+``loss`` and ``grad_norm`` are means over the steps since the previous record (and the ranks), ``tokens_per_s``
+counts tokens of all ranks over those steps; ``mfu`` divides ``flops_per_token(T) × tokens_per_s`` by the peak
+FLOP/s of all ranks: a GPU's datasheet peak where :func:`regulargpt.peak.datasheet_peak` knows it (then
+``mfu_measured`` is against the measured one), else the measured peak (:func:`regulargpt.peak.cached_peak`, raised
 to the achieved rate if a run ever goes faster, so it never exceeds 1).
 
 wandb: only imported when ``logging.wandb`` is true. Without an API key (no ``WANDB_API_KEY``, no netrc entry for
