@@ -85,8 +85,8 @@ _WORKER = textwrap.dedent(
     apps = m.thickness * adaptive_depth(t, m.chunk_size) if m.architecture == "regular_gpt" else m.n_layers
     tok_s = batch * t / seconds
     if m.architecture == "regular_gpt":  # the kernel `auto` picks at each depth step (dilation C**l)
-        kinds = sorted({choose_algorithm(m.chunk_size, m.chunk_size**l, t, torch.bfloat16 if amp else torch.float32)
-                        for l in range(adaptive_depth(t, m.chunk_size))})
+        kinds = sorted({choose_algorithm(m.chunk_size, m.chunk_size**l, t, torch.bfloat16 if amp else torch.float32,
+                                         device) for l in range(adaptive_depth(t, m.chunk_size))})
         attention = "sliding-dilated " + "+".join(kinds)
     else:
         attention = attention_backend(torch.device(device), t, t, m.position in ATTENTION_BIASES)
