@@ -23,7 +23,8 @@ def test_gpu_check_runs_every_step_on_cpu(tmp_path):
     assert [line.split(":")[0] for line in summary] == ["env", "correctness", "kernels", "train", "eval", "profile"]
     assert proc.returncode == 0, summary + [proc.stdout[-3000:]]
     correctness = (out / "correctness.md").read_text()
-    assert correctness.count("| ok |") == 2 * 6 and "FAIL" not in correctness  # blocked, shift: 2 dtypes × 3 cases
+    assert correctness.count("| ok |") == 3 * 6 and "FAIL" not in correctness  # cpp, blocked, shift: 2 dtypes × 3
+    assert all(f"| {name} |" in correctness for name in ("cpp", "blocked", "shift"))
     kernels = (out / "kernels.md").read_text()
     assert all(f"| 4096 | {name} | " in kernels for name in ("blocked", "shift", "sdpa-causal"))
     train_log = (out / "train.log").read_text()
