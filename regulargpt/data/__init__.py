@@ -7,7 +7,8 @@ Build a folder with `python data_prep/prepare.py --source python-stdlib --out da
     batch = WindowSampler(train, seq_len=512, micro_batch_size=8, seed=0).batch(step=0)  # (8, 513)
 """
 from regulargpt.data.sampler import WindowSampler
-from regulargpt.data.shards import TokenSplit, check_tokenizer, load_manifest, open_split, prepare
+from regulargpt.data.shards import prepare
+from regulargpt.data.token_split import TokenSplit, check_tokenizer, load_manifest, open_split
 from regulargpt.data.sources import DataError, resolve_source
 from regulargpt.data.tokenizer import Tokenizer, train_tokenizer
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from regulargpt.data.shards import TokenSplit
+from regulargpt.data.token_split import TokenSplit
 from regulargpt.data.sources import DataError
 
 if TYPE_CHECKING:
