@@ -68,10 +68,25 @@ def test_fp32_within_1e5_of_reference(pad):
 
 
 def test_segments_longer_than_a_work_unit_and_wide_heads():
-    """T = 600 at D = 1 spans three 256-row work units (dk/dv gathered across their boundaries); Dh = 40 is not a
-    multiple of the dot product's 16 lanes."""
+    """T = 600 at D = 1 spans three 256-row work units (dk/dv gathered across their boundaries); wide heads: Dh = 40
+    is five steps of the fp64 dot product's two 4-lane accumulators."""
     for c, pad in itertools.product((2, 8), (True, False)):
         _check_against_reference(c, 1, 600, pad, torch.float64, 1e-10, b=1, h=2, dh=40)
+
+
+@pytest.mark.parametrize("dh", [12, 20])
+def test_head_dims_that_leave_a_partial_vector(dh):
+    """Dh = 12, 20: 8 fp32 lanes leave a 4-wide tail in every load, dot, combine and store. T = 700 spans several
+    work units and tiles (G neighbouring chains per tile; D = 3 and 16 leave a last step that straddles T; D = 16
+    splits the chains over tiles of unequal width); the first C - 1 steps of each chain read the pad or end early."""
+    for c, dilation, pad in [(2, 1, True), (3, 3, False), (4, 16, True), (8, 3, False)]:
+        _check_against_reference(c, dilation, 700, pad, torch.float64, 1e-10, b=1, h=2, dh=dh)
+        _check_against_reference(c, dilation, 700, pad, torch.float32, 1e-5, b=1, h=2, dh=dh)
+    qkv, r, pk, pv = _packed(1, 130, 2, dh, 4, True, torch.float32)  # bf16 rows widened with a partial tail
+    low = [x.detach().to(torch.bfloat16) for x in (qkv, pk, pv)]
+    out = sliding_dilated_cpu(*low[0].unbind(2), r, 4, low[1], low[2])
+    want = sliding_dilated_cpu(*low[0].float().unbind(2), r, 4, low[1].float(), low[2].float())
+    assert out.dtype == torch.bfloat16 and (out.float() - want).abs().max() < 2e-2
 
 
 def test_bf16_and_fp16_inputs_against_fp32():

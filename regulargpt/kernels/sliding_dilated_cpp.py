@@ -11,7 +11,7 @@ without a copy), else contiguous. The backward is a second operator, ``regulargp
 both have fake (meta) implementations, so torch.compile captures them, and `torch.library.opcheck` passes.
 
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
--fopenmp`, cached under torch's extension directory. The extension's name carries a hash of the source, the flags,
+-fopenmp`, cached under torch's extension directory. The extension's name carries a hash of the source and its header, the flags,
 the torch version and this CPU (machine and /proc/cpuinfo flags), so a home directory shared by different CPUs never
 loads a binary built for another. `build_error()` says why a build failed (None when it works).
 """
@@ -29,6 +29,7 @@ from torch import Tensor
 __all__ = ["sliding_dilated_cpu", "extension", "build_error"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
+_HEADER = _SOURCE.with_name("sliding_dilated_cpu_vec.h")  # its vectorised row helpers, included by the source
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
 
@@ -50,7 +51,8 @@ def extension() -> ModuleType:
         raise RuntimeError(_state["error"])
     from torch.utils.cpp_extension import load
 
-    key = "\0".join([_SOURCE.read_text() if _SOURCE.exists() else "", *_CFLAGS, torch.__version__, _cpu_signature()])
+    sources = [path.read_text() if path.exists() else "" for path in (_SOURCE, _HEADER)]
+    key = "\0".join([*sources, *_CFLAGS, torch.__version__, _cpu_signature()])
     name = f"regulargpt_sliding_dilated_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     try:
         _state["module"] = load(name=name, sources=[str(_SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"])

@@ -7,57 +7,38 @@
 //   dq_i = scale sum_j dS_j k_{n_j},  dr[h, j] = sum_i dS_j,  and in gather form, over the queries i_j at n + j*D:
 //   dk_n = scale sum_j dS[i_j, j] q_{i_j},  dv_n = sum_j P[i_j, j] dout_{i_j}    (n < 0: summed into dpad_k/dpad_v)
 //
-// Order. Positions are visited in folded order: chain s = {s, s+D, s+2D, ...}, chain index u = (p - s)/D, so the
-// keys of chain index u are chain indices u, u-1, ..., u-C+1, held in a ring of C rows (converted to the
-// accumulation type once), and each row of q, k, v, dout is read from memory about once whatever D. One row holds
-// all H heads. Work units are fixed ranges of kUnitRows rows of the order (b, s, u), independent of the thread
-// count. The backward does one pass per unit: the queries u in [lo, hi + C - 1) (the last C - 1 are recomputed, not
-// owned) leave dS and P in the ring, and key u - C + 1 collects from them. dr and dpad are per-unit partial sums,
-// reduced once in unit order: no atomics, a rerun is bit-identical, with any thread count.
-// The forward saves the probabilities P (B, Tq, H, C) in the accumulation type (with C <= 8 a read of C floats
-// per (query, head) is cheaper than recomputing C dot products from the log-sum-exp).
+// Order. Position p = s + u*D lies on chain s < D at chain index u; its keys are chain indices u, u-1, ..., u-C+1
+// of the same chain. A tile takes G neighbouring chains [s0, s0 + G) and walks u, visiting the G contiguous
+// positions s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in kTileBytes,
+// fewer chains when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16
+// widened, sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use
+// hits that ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache
+// sets). One row holds all H heads. Work units are fixed ranges of the steps of one tile, independent of the thread
+// count; a unit first fills the ring with the C - 1 steps before its own. The backward does one pass per unit: the
+// queries of steps [lo, hi + C - 1) (the last C - 1 steps recomputed, not owned) leave dS and P in the ring, and the
+// keys of step u - C + 1 collect from them. dr and dpad are per-unit partial sums, reduced once in unit order: no
+// atomics, a rerun is bit-identical, with any thread count. Out-of-range keys (u < j) only occur in a chain's first
+// C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key.
+// The forward saves the probabilities P (B, Tq, H, C) in the accumulation type: the backward reads C floats per
+// (query, head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both).
+#include "sliding_dilated_cpu_vec.h"  // first: it sets at::vec's CPU capability
+
 #include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kUnitRows = 256;
-constexpr int kLanes = 16;  // partial sums of a dot product: a fixed summation order whatever the alignment
-constexpr int64_t kAhead = 4;  // rows of the chain prefetched ahead (the hardware does not follow a stride of D rows)
-
-template <typename T>
-inline T dot(const T* a, const T* b, int64_t n) {
-  T part[kLanes] = {};
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes)
-#pragma omp simd
-    for (int l = 0; l < kLanes; ++l) part[l] += a[d + l] * b[d + l];
-  T s = 0;
-  for (; d < n; ++d) s += a[d] * b[d];
-  for (int width = kLanes / 2; width > 0; width /= 2)  // a tree: a short dependency chain, still a fixed order
-    for (int l = 0; l < width; ++l) part[l] += part[l + width];
-  return s + part[0];
-}
-
-template <typename T>
-inline void axpy(T* y, T alpha, const T* x, int64_t n) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
+using sdvec::Acc;
+constexpr int64_t kUnitRows = 256;          // positions per work unit (at least one step)
+constexpr int64_t kTileBytes = 128 << 10;   // the ring: 4 tensors x C steps x G rows, kept in L2
 
 template <typename T>
 struct Rows {  // (B, rows, H, Dh) with stride(-1) == 1; pads (B, H, Dh) use st = 0
@@ -73,91 +54,61 @@ Rows<T> rows_of(const at::Tensor& x) {
   return {p, x.stride(0), x.stride(1), x.stride(2)};
 }
 
-template <typename A>
-struct View {  // one row, all heads, in the accumulation type: head h at p + h * hs
-  const A* p = nullptr;
-  int64_t hs = 0;
-  const A* head(int64_t h) const { return p + h * hs; }
+struct Tile {  // chains [s0, s0 + width), steps [lo, hi) of batch b
+  int64_t b, s0, width, lo, hi;
 };
 
 struct Geometry {
-  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, chain_max, units_per_batch;
-  int64_t chain_len(int64_t s) const { return (T - s + D - 1) / D; }
+  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, chain_max, G, steps, groups, parts;
   int64_t query(int64_t p) const {  // the query at position p, or -1
-    int64_t r = p - qs;
+    const int64_t r = p - qs;
     if (step == 1) return r >= 0 && r < Tq ? r : -1;
-    if (r < 0 || r % step) return -1;
+    if (p >= T || r < 0 || r % step) return -1;
     return r / step < Tq ? r / step : -1;
   }
-  template <typename F>
-  void for_each_segment(int64_t unit, const F& f) const {  // unit's segments (chain s, chain indices [lo, hi))
-    int64_t f0 = unit * kUnitRows, f1 = std::min(f0 + kUnitRows, chains * chain_max);
-    for (int64_t s = f0 / chain_max; s * chain_max < f1; ++s) {
-      int64_t lo = std::max<int64_t>(f0 - s * chain_max, 0);
-      int64_t hi = std::min({f1 - s * chain_max, chain_max, chain_len(s)});
-      if (lo < hi) f(s, lo, hi);
-    }
+  int64_t per_batch() const { return groups * parts; }
+  Tile tile(int64_t unit) const {
+    const int64_t r = unit % per_batch(), s0 = r / parts * G, lo = r % parts * steps;
+    return {unit / per_batch(), s0, std::min(G, chains - s0), lo, std::min(lo + steps, chain_max)};
   }
 };
 
-// Conversions that vectorise: bf16 <-> fp32 by bit shifts (round to nearest even, NaN kept), fp16 by F16C.
-template <typename T, typename A>
-inline void widen(const T* src, A* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-    for (int64_t d = 0; d < n; ++d) {
-      const uint32_t wide = uint32_t(bits[d]) << 16;
-      std::memcpy(dst + d, &wide, 4);
-    }
-#if defined(__F16C__)
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    int64_t d = 0;
-    for (; d + 8 <= n; d += 8)
-      _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
-    for (; d < n; ++d) dst[d] = static_cast<A>(src[d]);
-#endif
-  } else {
-    for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<A>(src[d]);
-  }
-}
-
-template <typename T, typename A>
-inline void narrow(const A* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    uint16_t* bits = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t d = 0; d < n; ++d) {
-      uint32_t x;
-      std::memcpy(&x, src + d, 4);
-      const uint32_t rounded = (x + 0x7FFF + ((x >> 16) & 1)) >> 16;
-      bits[d] = uint16_t((x & 0x7FFFFFFF) > 0x7F800000 ? 0x7FC0 : rounded);  // integer NaN test: vectorises
-    }
-#if defined(__F16C__)
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    int64_t d = 0;
-    for (; d + 8 <= n; d += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + d), _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT));
-    for (; d < n; ++d) dst[d] = static_cast<T>(src[d]);
-#endif
-  } else {
-    for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<T>(src[d]);
-  }
-}
-
-template <typename A, typename T>
-View<A> load(const T* src, int64_t hs, const Geometry& g, A* buf) {  // in place when T is A, else converted
-  if constexpr (std::is_same_v<A, T>) {
-    return {src, hs};
-  } else {
-    for (int64_t h = 0; h < g.H; ++h) widen(src + h * hs, buf + h * g.Dh, g.Dh);
-    return {buf, g.Dh};
-  }
-}
+template <typename T>
+struct Inputs {
+  Rows<const T> q, k, v, pk, pv;
+  bool pads;
+};
 
 template <typename T>
-inline void prefetch(const T* src, int64_t hs, const Geometry& g) {  // one row, all heads, into the cache
-  for (int64_t h = 0; h < g.H; ++h)
-    for (int64_t byte = 0; byte < g.Dh * int64_t(sizeof(T)); byte += 64)
-      __builtin_prefetch(reinterpret_cast<const char*>(src + h * hs) + byte);
+Inputs<T> inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const c10::optional<at::Tensor>& pad_k, const c10::optional<at::Tensor>& pad_v) {
+  Inputs<T> in{rows_of<const T>(q), rows_of<const T>(k), rows_of<const T>(v), {}, {}, pad_k.has_value()};
+  if (in.pads) in.pk = rows_of<const T>(pad_k.value()), in.pv = rows_of<const T>(pad_v.value());
+  return in;
+}
+
+template <typename T>  // row t, all heads, copied into buf (H, Dh) in the accumulation type: the ring's compact rows
+void widen(const Rows<const T>& x, int64_t b, int64_t t, const Geometry& g, Acc<T>* buf) {
+  constexpr int64_t L = sdvec::Vec<T>::size();
+  for (int64_t h = 0; h < g.H; ++h) {
+    const T* src = x.row(b, t) + h * x.sh;
+    Acc<T>* dst = buf + h * g.Dh;
+    int64_t d = 0;
+    for (; d + L <= g.Dh; d += L) sdvec::load(src + d, L).store(dst + d);
+    if (d < g.Dh) sdvec::load(src + d, g.Dh - d).store(dst + d, g.Dh - d);
+  }
+}
+
+// The key rows of the position at (u, c), from the ring block `block`: slot (u - j) % C of the last C steps, or the
+// block's pad row (slot S = C*G) for u - j < 0; `su` = u % C. Returns how many: C with pads, else those with j <= u.
+template <typename A>
+int64_t window(const Geometry& g, int64_t u, int64_t su, int64_t c, bool pads, const A* block, const A** rows) {
+  const int64_t m = pads ? g.C : std::min(g.C, u + 1), HD = g.H * g.Dh;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t slot = su - j < 0 ? su - j + g.C : su - j;
+    rows[j] = block + (j <= u ? slot * g.G + c : g.C * g.G) * HD;
+  }
+  return m;
 }
 
 at::Tensor hugepages(at::Tensor x) {
@@ -167,54 +118,6 @@ at::Tensor hugepages(at::Tensor x) {
   const uintptr_t end = (reinterpret_cast<uintptr_t>(x.data_ptr()) + x.nbytes()) & ~(kHuge - 1);
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only
   return x;
-}
-
-template <typename A>  // key j of chain index u: ring slot of u - j (u's is `slot`), or `pad` (nullptr: masked)
-void window(const std::vector<View<A>>& ring, int64_t u, int64_t slot, const View<A>* pad, const View<A>** out) {
-  const int64_t C = int64_t(ring.size());
-  for (int64_t j = 0, sl = slot; j < C; ++j, sl = sl ? sl - 1 : C - 1) out[j] = j <= u ? &ring[sl] : pad;
-}
-
-template <typename T, typename A>  // outputs are written once and not read here: non-temporal stores skip the
-void store(T* dst, const A* src, int64_t n) {  // read-for-ownership of their cache lines
-  int64_t d = 0;
-#if defined(__SSE2__)
-  constexpr int64_t kPer = 16 / sizeof(T);
-  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0)
-    for (; d + kPer <= n; d += kPer) {
-      alignas(16) T lane[kPer];
-      narrow(src + d, lane, kPer);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + d), _mm_load_si128(reinterpret_cast<const __m128i*>(lane)));
-    }
-#endif
-  for (; d < n; ++d) dst[d] = static_cast<T>(src[d]);
-}
-
-template <typename T, typename A>  // dst = sum_j w[j] x[j] over the x[j] that are not nullptr, in j order
-void combine(T* dst, const A* w, const A* const* x, int64_t m, int64_t n) {
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) {  // the accumulator stays in registers, dst is written once
-    A acc[kLanes] = {};
-    for (int64_t j = 0; j < m; ++j) {
-      if (!x[j]) continue;
-      const A *xj = x[j] + d, wj = w[j];
-#pragma omp simd
-      for (int l = 0; l < kLanes; ++l) acc[l] += wj * xj[l];
-    }
-    store(dst + d, acc, kLanes);
-  }
-  for (; d < n; ++d) {
-    A acc = 0;
-    for (int64_t j = 0; j < m; ++j)
-      if (x[j]) acc += w[j] * x[j][d];
-    dst[d] = static_cast<T>(acc);
-  }
-}
-
-inline void store_fence() {  // the non-temporal stores of a work unit, visible before it returns
-#if defined(__SSE2__)
-  _mm_sfence();
-#endif
 }
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rel_bias,
@@ -232,151 +135,114 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       TORCH_CHECK(x.dim() == 3 && x.size(0) == q.size(0) && x.size(1) == q.size(2) && x.size(2) == q.size(3) &&
                       x.scalar_type() == q.scalar_type(), "pads (B, H, Dh) in q's dtype expected");
     }
-  Geometry g{q.size(0), k.size(1), q.size(1), q.size(2), q.size(3), rel_bias.size(1), D, qs, step, 0, 0, 0};
+  Geometry g{q.size(0), k.size(1), q.size(1), q.size(2), q.size(3), rel_bias.size(1), D, qs, step};
   TORCH_CHECK(D >= 1 && step >= 1 && qs >= 0 && g.C >= 1, "dilation, query_step, C >= 1 and query_start >= 0 expected");
   TORCH_CHECK(g.Tq == 0 || qs + (g.Tq - 1) * step < g.T, "query positions must lie below T");
   g.chains = std::min(D, g.T);
-  g.chain_max = g.T > 0 ? g.chain_len(0) : 0;
-  g.units_per_batch = (g.chains * g.chain_max + kUnitRows - 1) / kUnitRows;
+  g.chain_max = (g.T + D - 1) / D;
+  const int64_t row_bytes = std::max<int64_t>(g.H * g.Dh * (q.scalar_type() == at::kDouble ? 8 : 4), 1);  // ring rows
+  g.G = std::clamp<int64_t>(kTileBytes / (4 * g.C * row_bytes), 1, std::max<int64_t>(g.chains, 1));
+  g.steps = std::max<int64_t>(kUnitRows / g.G, 1);
+  g.groups = (g.chains + g.G - 1) / g.G;
+  g.parts = (g.chain_max + g.steps - 1) / g.steps;
   return g;
 }
 
-at::Tensor unit_stride(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
-
 template <typename T>
-struct Inputs {
-  Rows<const T> q, k, v, pk, pv;
-  bool pads;
-};
-
-template <typename T>
-Inputs<T> inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const c10::optional<at::Tensor>& pad_k, const c10::optional<at::Tensor>& pad_v) {
-  Inputs<T> in{rows_of<const T>(q), rows_of<const T>(k), rows_of<const T>(v), {}, {}, pad_k.has_value()};
-  if (in.pads) in.pk = rows_of<const T>(pad_k.value()), in.pv = rows_of<const T>(pad_v.value());
-  return in;
-}
-
-template <typename T>
-void forward_unit(const Geometry& g, const Inputs<T>& in, const at::opmath_type<T>* r, T* out,
-                  at::opmath_type<T>* probs, int64_t unit) {
-  using A = at::opmath_type<T>;
-  const int64_t HD = g.H * g.Dh, C = g.C, b = unit / g.units_per_batch;
+void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* out, Acc<T>* probs, int64_t unit) {
+  using A = Acc<T>;
+  const Tile t = g.tile(unit);
+  const int64_t HD = g.H * g.Dh, HC = g.H * g.C, C = g.C, b = t.b, S = C * g.G, V = (S + 1) * HD;
   const A scale = A(1) / std::sqrt(A(g.Dh)), minus_inf = -std::numeric_limits<A>::infinity();
-  std::vector<A> buf((2 * C + 3) * HD + C);
-  A *ring_k = buf.data(), *ring_v = ring_k + C * HD, *qbuf = ring_v + C * HD, *pad_buf = qbuf + HD;
-  A* e = pad_buf + 2 * HD;
-  std::vector<View<A>> kr(C), vr(C);
-  std::vector<const View<A>*> keys(C), vals(C);
-  std::vector<const A*> x(C);
-  View<A> pk, pv;
-  if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
-  g.for_each_segment(unit % g.units_per_batch, [&](int64_t s, int64_t lo, int64_t hi) {
-    for (int64_t u = std::max<int64_t>(lo - (C - 1), 0); u < hi; ++u) {
-      const int64_t p = s + u * g.D, slot = u % C, ahead = p + kAhead * g.D;
-      if (u + kAhead < hi) {
-        prefetch(in.k.row(b, ahead), in.k.sh, g), prefetch(in.v.row(b, ahead), in.v.sh, g);
-        if (const int64_t i = g.query(ahead); i >= 0) prefetch(in.q.row(b, i), in.q.sh, g);
-      }
-      kr[slot] = load(in.k.row(b, p), in.k.sh, g, ring_k + slot * HD);
-      vr[slot] = load(in.v.row(b, p), in.v.sh, g, ring_v + slot * HD);
-      const int64_t i = u >= lo ? g.query(p) : -1;
+  std::vector<A> ring(2 * V), qbuf(HD), e(HC);  // blocks k, v: S slots (u % C, c) and the pad row
+  A *ring_k = ring.data(), *ring_v = ring_k + V;
+  if (in.pads) widen(in.pk, b, 0, g, ring_k + S * HD), widen(in.pv, b, 0, g, ring_v + S * HD);
+  std::vector<const A*> rows(C), x(C);
+  for (int64_t u = std::max<int64_t>(t.lo - (C - 1), 0), su = u % C; u < t.hi; ++u, su = su + 1 == C ? 0 : su + 1)
+    for (int64_t c = 0, p = t.s0 + u * g.D; c < t.width && p < g.T; ++c, ++p) {
+      const int64_t slot = su * g.G + c, i = u >= t.lo ? g.query(p) : -1;
+      widen(in.k, b, p, g, ring_k + slot * HD), widen(in.v, b, p, g, ring_v + slot * HD);
       if (i < 0) continue;
-      const View<A> qv = load(in.q.row(b, i), in.q.sh, g, qbuf);
-      window(kr, u, slot, in.pads ? &pk : nullptr, keys.data()), window(vr, u, slot, in.pads ? &pv : nullptr, vals.data());
-      T* o = out + (b * g.Tq + i) * HD;
-      A* pr = probs + (b * g.Tq + i) * g.H * C;
+      widen(in.q, b, i, g, qbuf.data());  // a copy even in fp32: all heads' loads in flight at once
+      const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
+      A* pr = probs + (b * g.Tq + i) * HC;
       for (int64_t h = 0; h < g.H; ++h) {
-        A mx = minus_inf, sum = 0;
+        A mx = minus_inf;
         for (int64_t j = 0; j < C; ++j) {
-          e[j] = keys[j] ? dot(qv.head(h), keys[j]->head(h), g.Dh) * scale + r[h * C + j] : minus_inf;
-          mx = std::max(mx, e[j]);
+          e[h * C + j] = j < m ? sdvec::dot<A>(qbuf.data() + h * g.Dh, rows[j] + h * g.Dh, g.Dh) * scale + r[h * C + j] : minus_inf;
+          mx = std::max(mx, e[h * C + j]);
         }
-        for (int64_t j = 0; j < C; ++j) sum += (e[j] = std::exp(e[j] - mx));
-        for (int64_t j = 0; j < C; ++j) pr[h * C + j] = e[j] / sum, x[j] = vals[j] ? vals[j]->head(h) : nullptr;
-        combine(o + h * g.Dh, pr + h * C, x.data(), C, g.Dh);
+        for (int64_t j = 0; j < C; ++j) e[h * C + j] -= mx;
+      }
+      sdvec::exp_inplace<T>(e.data(), HC);
+      for (int64_t h = 0; h < g.H; ++h) {
+        A sum = 0;
+        for (int64_t j = 0; j < C; ++j) sum += e[h * C + j];
+        for (int64_t j = 0; j < C; ++j) pr[h * C + j] = e[h * C + j] / sum;
+        for (int64_t j = 0; j < m; ++j) x[j] = rows[j] + V + h * g.Dh;  // the values: block v
+        sdvec::combine(out + (b * g.Tq + i) * HD + h * g.Dh, pr + h * C, x.data(), m, g.Dh);
       }
     }
-  });
-  store_fence();
+  sdvec::store_fence();
 }
 
 template <typename T>
-void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& dout,
-                   const at::opmath_type<T>* probs, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv,
-                   at::opmath_type<T>* part, int64_t unit) {
-  using A = at::opmath_type<T>;
-  const int64_t HD = g.H * g.Dh, HC = g.H * g.C, C = g.C, b = unit / g.units_per_batch;
+void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& dout, const Acc<T>* probs,
+                   const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, Acc<T>* part, int64_t unit) {
+  using A = Acc<T>;
+  const Tile t = g.tile(unit);
+  const int64_t HD = g.H * g.Dh, HC = g.H * g.C, C = g.C, b = t.b, S = C * g.G, V = (S + 1) * HD;
   const A scale = A(1) / std::sqrt(A(g.Dh));
-  std::vector<A> buf((4 * C + 2) * HD + 2 * C * HC + C);
-  A *ring = buf.data(), *pad_buf = ring + 4 * C * HD, *ring_p = pad_buf + 2 * HD, *ring_ds = ring_p + C * HC;
-  A* dp = ring_ds + C * HC;
+  // blocks k, v (S slots and the pad row each), q, dout (S slots); P and dS of the queries per slot
+  std::vector<A> ring(2 * V + 2 * S * HD), ring_p(S * HC), ring_ds(S * HC), dp(C), wx(C), wy(C);
+  A *ring_k = ring.data(), *ring_v = ring_k + V, *ring_q = ring_v + V, *ring_do = ring_q + S * HD;
+  if (in.pads) widen(in.pk, b, 0, g, ring_k + S * HD), widen(in.pv, b, 0, g, ring_v + S * HD);
+  std::vector<int64_t> query(S, -1), from(C), column(C);
   A *dr = part, *dpk = part + HC, *dpv = dpk + HD;  // this unit's partial sums
-  std::vector<View<A>> kr(C), vr(C), qr(C), dor(C);
-  std::vector<const View<A>*> keys(C), vals(C);
-  std::vector<const A*> x(C), y(C);
-  std::vector<A> wx(C), wy(C);
-  std::vector<int64_t> query(C, -1);
-  View<A> pk, pv;
-  if (in.pads) pk = load(in.pk.row(b, 0), in.pk.sh, g, pad_buf), pv = load(in.pv.row(b, 0), in.pv.sh, g, pad_buf + HD);
-  g.for_each_segment(unit % g.units_per_batch, [&](int64_t s, int64_t lo, int64_t hi) {
-    const int64_t len = g.chain_len(s);
-    for (int64_t u = std::max<int64_t>(lo - (C - 1), 0); u < hi + C - 1; ++u) {
-      const int64_t p = s + u * g.D, slot = u % C;
-      A *slot_buf = ring + slot * 4 * HD, *P = ring_p + slot * HC, *dS = ring_ds + slot * HC;
-      query[slot] = -1;
-      if (const int64_t ahead = p + kAhead * g.D; u + kAhead < std::min(len, hi + C - 1)) {
-        prefetch(in.k.row(b, ahead), in.k.sh, g), prefetch(in.v.row(b, ahead), in.v.sh, g);
-        if (const int64_t i = g.query(ahead); i >= 0) prefetch(in.q.row(b, i), in.q.sh, g), prefetch(dout.row(b, i), dout.sh, g);
-      }
-      if (u < len) {
-        kr[slot] = load(in.k.row(b, p), in.k.sh, g, slot_buf);
-        vr[slot] = load(in.v.row(b, p), in.v.sh, g, slot_buf + HD);
-        query[slot] = u >= lo ? g.query(p) : -1;
-      }
-      if (const int64_t i = query[slot]; i >= 0) {
-        qr[slot] = load(in.q.row(b, i), in.q.sh, g, slot_buf + 2 * HD);
-        dor[slot] = load(dout.row(b, i), dout.sh, g, slot_buf + 3 * HD);
+  std::vector<const A*> rows(C), x(C), y(C);
+  for (int64_t u = std::max<int64_t>(t.lo - (C - 1), 0), su = u % C; u < t.hi + C - 1; ++u, su = su + 1 == C ? 0 : su + 1)
+    for (int64_t c = 0, p = t.s0 + u * g.D; c < t.width; ++c, ++p) {
+      const int64_t slot = su * g.G + c, i = query[slot] = u >= t.lo && p < g.T ? g.query(p) : -1;
+      if (p < g.T) widen(in.k, b, p, g, ring_k + slot * HD), widen(in.v, b, p, g, ring_v + slot * HD);
+      if (i >= 0) {
+        A *P = ring_p.data() + slot * HC, *dS = ring_ds.data() + slot * HC, *qa = ring_q + slot * HD, *da = ring_do + slot * HD;
+        widen(in.q, b, i, g, qa), widen(dout, b, i, g, da);
+        const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
         std::copy(probs + (b * g.Tq + i) * HC, probs + (b * g.Tq + i + 1) * HC, P);
-        const bool owned = u < hi;
-        window(kr, u, slot, in.pads ? &pk : nullptr, keys.data()), window(vr, u, slot, in.pads ? &pv : nullptr, vals.data());
+        const bool owned = u < t.hi;
         for (int64_t h = 0; h < g.H; ++h) {
-          const A *qh = qr[slot].head(h), *doh = dor[slot].head(h);
           A delta = 0;
-          for (int64_t j = 0; j < C; ++j) {
-            dp[j] = vals[j] ? dot(doh, vals[j]->head(h), g.Dh) : A(0);
-            delta += P[h * C + j] * dp[j];
-          }
-          for (int64_t j = 0; j < C; ++j) dS[h * C + j] = P[h * C + j] * (dp[j] - delta) * scale;
+          for (int64_t j = 0; j < m; ++j)
+            delta += P[h * C + j] * (dp[j] = sdvec::dot<A>(da + h * g.Dh, rows[j] + V + h * g.Dh, g.Dh));
+          for (int64_t j = 0; j < C; ++j) dS[h * C + j] = j < m ? P[h * C + j] * (dp[j] - delta) * scale : A(0);
           if (!owned) continue;
-          for (int64_t j = 0; j < C; ++j) {
-            const A ds = dS[h * C + j];
-            dr[h * C + j] += P[h * C + j] * (dp[j] - delta);
-            x[j] = keys[j] ? keys[j]->head(h) : nullptr;
-            if (j > u && in.pads) {
-              axpy(dpk + h * g.Dh, ds, qh, g.Dh);
-              axpy(dpv + h * g.Dh, P[h * C + j], doh, g.Dh);
-            }
+          for (int64_t j = 0; j < m; ++j) dr[h * C + j] += P[h * C + j] * (dp[j] - delta), x[j] = rows[j] + h * g.Dh;
+          sdvec::combine(dq.row(b, i) + h * dq.sh, dS + h * C, x.data(), m, g.Dh);
+          for (int64_t j = u + 1; in.pads && j < C; ++j) {  // the pads: keys j > u of a chain's first C - 1 steps
+            sdvec::axpy<A>(dpk + h * g.Dh, dS[h * C + j], qa + h * g.Dh, g.Dh);
+            sdvec::axpy<A>(dpv + h * g.Dh, P[h * C + j], da + h * g.Dh, g.Dh);
           }
-          combine(dq.row(b, i) + h * dq.sh, dS + h * C, x.data(), C, g.Dh);
         }
       }
-      const int64_t w = u - (C - 1);  // the key whose last query (w + C - 1 = u) is now in the ring
-      if (w < lo || w >= hi) continue;
-      T *dk_row = dk.row(b, s + w * g.D), *dv_row = dv.row(b, s + w * g.D);
+      const int64_t w = u - (C - 1), n = p - (C - 1) * g.D;  // the key whose last query (step u) is in the ring
+      if (w < t.lo || w >= t.hi || n >= g.T) continue;
+      int64_t seen = 0;  // the queries of key n: steps w + j (slot su + 1 + j mod C), in j order
+      for (int64_t j = 0, sj = su + 1 == C ? 0 : su + 1; j < C; ++j, sj = sj + 1 == C ? 0 : sj + 1)
+        if (const int64_t s = sj * g.G + c; query[s] >= 0) from[seen] = s, column[seen++] = j;
       for (int64_t h = 0; h < g.H; ++h) {
-        for (int64_t j = 0, from = slot + 1 == C ? 0 : slot + 1; j < C; ++j, from = from + 1 == C ? 0 : from + 1) {
-          const bool seen = query[from] >= 0;  // `from`: the slot of chain index w + j
-          x[j] = seen ? qr[from].head(h) : nullptr, wx[j] = seen ? ring_ds[from * HC + h * C + j] : A(0);
-          y[j] = seen ? dor[from].head(h) : nullptr, wy[j] = seen ? ring_p[from * HC + h * C + j] : A(0);
+        for (int64_t a = 0; a < seen; ++a) {
+          const int64_t s = from[a], at = s * HC + h * C + column[a];
+          x[a] = ring_q + s * HD + h * g.Dh, wx[a] = ring_ds[at];
+          y[a] = ring_do + s * HD + h * g.Dh, wy[a] = ring_p[at];
         }
-        combine(dk_row + h * dk.sh, wx.data(), x.data(), C, g.Dh);
-        combine(dv_row + h * dv.sh, wy.data(), y.data(), C, g.Dh);
+        sdvec::combine(dk.row(b, n) + h * dk.sh, wx.data(), x.data(), seen, g.Dh);
+        sdvec::combine(dv.row(b, n) + h * dv.sh, wy.data(), y.data(), seen, g.Dh);
       }
     }
-  });
-  store_fence();
+  sdvec::store_fence();
 }
+
+at::Tensor unit_stride(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 
 std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
                                 c10::optional<at::Tensor> pad_k, c10::optional<at::Tensor> pad_v, int64_t dilation,
@@ -389,9 +255,9 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   at::Tensor probs = at::empty({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
   const at::Tensor r = rel_bias.to(acc_type).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
-    using A = at::opmath_type<scalar_t>;
+    using A = Acc<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(q, k, v, pad_k, pad_v);
-    at::parallel_for(0, g.B * g.units_per_batch, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, g.B * g.per_batch(), 1, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit)
         forward_unit<scalar_t>(g, in, r.data_ptr<A>(), out.data_ptr<scalar_t>(), probs.data_ptr<A>(), unit);
     });
@@ -411,10 +277,10 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
   at::Tensor dq = hugepages(at::empty_like(q)), dk = hugepages(at::empty_like(k)), dv = hugepages(at::empty_like(v));
-  const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.units_per_batch, width = HC + 2 * HD;
+  const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.per_batch(), width = HC + 2 * HD;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
-    using A = at::opmath_type<scalar_t>;
+    using A = Acc<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(q, k, v, pad_k, pad_v);
     const Rows<const scalar_t> d_out = rows_of<const scalar_t>(dout);
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
@@ -433,7 +299,7 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
       const scalar_t* row = src + unit * width;
       for (int64_t x = 0; x < HC; ++x) dst_r[x] += row[x];
       if (!pad_k) continue;
-      const int64_t at = unit / g.units_per_batch * HD;
+      const int64_t at = unit / g.per_batch() * HD;
       for (int64_t x = 0; x < HD; ++x) dst_k[at + x] += row[HC + x], dst_v[at + x] += row[HC + HD + x];
     }
   });
