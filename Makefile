@@ -10,7 +10,7 @@ KERNEL := $(VENV)/.kernel-built
 # time; TEST_WORKERS=0 runs it in one process. Shared fixtures are built once per run (tests/conftest.py).
 TEST_WORKERS ?= 2
 
-.PHONY: install test demo bench gpu-wheels clean
+.PHONY: install test test-all demo bench gpu-wheels clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,12 @@ install: $(KERNEL)
 # OMP_NUM_THREADS=1: one torch thread per worker, as every training subprocess of the suite already runs.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1
 
+# The suite CI runs (.ci/run): every test except the `long` end-to-end flows (pytest.ini), under 10 minutes.
 test: $(KERNEL)
+	$(PYTEST) -m "not long" tests
+
+# Everything, the `long` flows included.
+test-all: $(KERNEL)
 	$(PYTEST) tests
 
 # Ends with a short sample from the RegularGPT the demo trained (constant memory per token under depth policy train).
