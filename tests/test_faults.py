@@ -127,6 +127,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_kill9_at_random_moments_with_two_ranks_resumes_exactly(zero3_run: Path, data_dir: Path,
                                                                  tmp_path: Path) -> None:
     """Three SIGKILLs of torchrun and its 2 ZeRO-3 ranks at seeded random points, each a random
@@ -369,6 +370,7 @@ def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_extrapolate_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Path) -> None:
     vocab = 61
     rng = np.random.default_rng(0)
