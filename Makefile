@@ -5,8 +5,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+KERNEL := $(VENV)/.kernel-built
+# `make test` runs the suite on this many pytest-xdist workers (CI's machine has 2 cores), handing tests out one at a
+# time; TEST_WORKERS=0 runs it in one process. Shared fixtures are built once per run (tests/conftest.py).
+TEST_WORKERS ?= 2
 
-.PHONY: install test demo bench gpu-wheels clean
+.PHONY: install test test-all demo bench gpu-wheels clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,19 +22,34 @@ $(STAMP): $(PY) setup.py
 	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP)
+# The fused C++ kernel, compiled once here (about a minute of g++) into torch's extension cache rather than on first
+# use inside the suite; rebuilt when its source or flags change. A failed build is reported, not fatal: the kernel
+# falls back to the PyTorch paths and tests/test_kernel_cpp.py is skipped with the reason.
+$(KERNEL): $(STAMP) regulargpt/kernels/sliding_dilated_cpu.cpp regulargpt/kernels/sliding_dilated_cpp.py
+	$(PY) -c "from regulargpt.kernels.sliding_dilated_cpp import build_error; print(build_error() or 'C++ kernel built')"
+	@touch $(KERNEL)
 
-test: $(STAMP)
-	$(PY) -m pytest -q tests
+install: $(KERNEL)
+
+# OMP_NUM_THREADS=1: one torch thread per worker, as every training subprocess of the suite already runs.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1
+
+# The suite CI runs (.ci/run): every test except the `long` end-to-end flows (pytest.ini), under 10 minutes.
+test: $(KERNEL)
+	$(PYTEST) -m "not long" tests
+
+# Everything, the `long` flows included.
+test-all: $(KERNEL)
+	$(PYTEST) tests
 
 # Ends with a short sample from the RegularGPT the demo trained (constant memory per token under depth policy train).
-demo: $(STAMP)
+demo: $(KERNEL)
 	$(PY) eval/lm_comparison.py --demo
 	$(PY) launch/generate.py results/demo/lm/runs/python-stdlib/regular_gpt-seed0 --prompt "    def __init__(self" \
 		--max-new-tokens 60 --depth-policy train --seed 0
 
 # Every CPU benchmark behind docs/PERFORMANCE.md and docs/GENERATION.md, one after another (about an hour on 2 cores).
-bench: $(STAMP)
+bench: $(KERNEL)
 	$(PY) eval/bench_dispatch.py --out results/bench_dispatch.md
 	$(PY) eval/bench_attention.py --out results/bench_attention.md
 	$(PY) eval/bench_attention.py --dtype bf16 --heads 8 --no-reference --no-flex --out results/bench_attention_bf16.md

@@ -21,9 +21,10 @@ setup(
         "ninja",  # builds the fused C++ CPU kernel on first use (regulargpt/kernels/)
         "safetensors",  # weights files of the Hugging Face and safetensors exports
     ],
-    # triton: the Triton kernel's tests run on CPU under TRITON_INTERPRET=1; transformers + protobuf: the HF export
-    # tests (protobuf reads the sentencepiece model when converting it to tokenizer.json)
-    extras_require={"dev": ["pytest", "triton", "transformers", "protobuf"]},
+    # pytest-xdist: `make test` runs the suite on 2 workers; triton: the Triton kernel's tests run on CPU under
+    # TRITON_INTERPRET=1; transformers + protobuf: the HF export tests (protobuf reads the sentencepiece model when
+    # converting it to tokenizer.json)
+    extras_require={"dev": ["pytest", "pytest-xdist", "triton", "transformers", "protobuf"]},
     # The main commands; launch/*.py and eval/*.py are thin wrappers of the same `main` functions, so that
     # `deepspeed launch/pretrain.py --config …` and every documented `python …` command work from a checkout.
     entry_points={

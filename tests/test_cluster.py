@@ -323,6 +323,7 @@ def _expected_first_loss(data_dir: Path, checkpoint_model: Path, world: int, acc
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 @pytest.mark.parametrize("before,after,sets", [
     (2, 1, ["train.zero_stage=1"]),
     (1, 2, [*ZERO3, "train.grad_accum=2"]),

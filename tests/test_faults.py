@@ -127,6 +127,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_kill9_at_random_moments_with_two_ranks_resumes_exactly(zero3_run: Path, data_dir: Path,
                                                                  tmp_path: Path) -> None:
     """Three SIGKILLs of torchrun and its 2 ZeRO-3 ranks at seeded random points, each a random
@@ -256,11 +257,13 @@ def test_a_second_signal_after_the_grace_period_exits_at_once(tmp_path: Path) ->
         "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)  # a second Ctrl-C\n"
         "print('not reached', flush=True)\n"
     )
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=run_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # after the interpreter's start-up, which a loaded machine can stretch past 5 s
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=run_env(), capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
-    assert proc.stdout.split() == ["still", "running"] and time.perf_counter() - start < 5
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert (first + rest).split() == ["still", "running"] and time.perf_counter() - start < 5  # not the 5 s sleep
 
 
 # ------------------------------------------------------------------------------------------ formal languages
@@ -367,6 +370,7 @@ def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_extrapolate_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Path) -> None:
     vocab = 61
     rng = np.random.default_rng(0)

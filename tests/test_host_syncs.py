@@ -134,6 +134,7 @@ def test_datasheet_peak_names_the_gpu(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_bucketed_overlapped_zero2_reduction_gives_the_same_losses(data_dir, tmp_path):
     """Two processes, ZeRO-2 bf16, 4 steps: the generated config (overlap_comm, 5e7-element buckets) against
     DeepSpeed's defaults (no overlap, 5e8-element buckets): identical losses and gradient norms."""

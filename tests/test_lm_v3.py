@@ -115,6 +115,7 @@ def stdlib_2048(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_2048: Path, tmp_path: Path) -> None:
     base = study.V3
     by_name = {m.name: m for m in base.models}

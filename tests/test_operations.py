@@ -233,6 +233,7 @@ def test_only_a_launcher_is_watched_and_a_rank_orphaned_during_start_up_is_told(
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_zero3_stopped_under_each_launcher_and_by_ctrl_c_resumes_exactly(zero3_run: Path, data_dir: Path,
                                                                         tmp_path: Path) -> None:
     """Two ranks, ZeRO-3, stopped three times: SIGTERM to torchrun (it forwards it); SIGTERM to the `deepspeed`
@@ -313,6 +314,7 @@ def agents() -> Iterator[list[subprocess.Popen]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_two_nodes_survive_a_killed_agent_and_a_hung_node_then_resume_exactly(
         zero3_run: Path, data_dir: Path, tmp_path: Path, agents: list[subprocess.Popen]) -> None:
     """Rehearsal of a 2-node job (ZeRO-3, one rank per node). (1) SIGKILL node 1's torchrun agent, then SIGTERM node 0's

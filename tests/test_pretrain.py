@@ -117,10 +117,21 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_p
     assert bad.returncode == 2 and "train.lr: run has 0.003, now 0.01" in bad.stderr
 
 
+def _kernel_cache() -> dict[str, str]:
+    """TORCH_EXTENSIONS_DIR holding the C++ kernel this process loaded (built by `make install`), for a subprocess
+    whose HOME is elsewhere: without it, that process would compile the kernel again under its own HOME (about a
+    CPU-minute). Empty when the kernel does not build here."""
+    from regulargpt.kernels import sliding_dilated_cpp
+
+    if sliding_dilated_cpp.build_error() is not None:
+        return {}
+    return {"TORCH_EXTENSIONS_DIR": str(Path(sliding_dilated_cpp.extension().__file__).parents[1])}  # <root>/<name>/
+
+
 @pytest.mark.slow
 def test_wandb_offline_without_key_or_network(data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    env = run_env(HOME=str(tmp_path), WANDB_SILENT="true")
+    env = run_env(HOME=str(tmp_path), WANDB_SILENT="true", **_kernel_cache())  # no ~/.netrc, no wandb settings
     for key in ("WANDB_MODE", "WANDB_API_KEY"):
         env.pop(key, None)
     pretrain(data_dir, run_dir, "logging.wandb=true", "train.steps=2", "train.save_every=0", env=env)

@@ -123,6 +123,7 @@ def _tiny(command: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_readme_commands_run_as_written_at_tiny_sizes(tmp_path: Path) -> None:
     """A fresh clone's layout, the venv activated, README.md's commands in order: each exits 0."""
     for name in ("configs", "launch", "eval", "data_prep"):

@@ -124,6 +124,7 @@ def _wait(env, job_id, states, timeout=180) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tmp_path):
     from regulargpt.data import prepare
 
