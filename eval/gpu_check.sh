@@ -40,7 +40,7 @@ step() {
 }
 
 if [ "$DEVICE" = cpu ]; then
-  # Tiny sizes: the flow, not the figures (tests/test_gpu_check.py runs this in `make test-all`).
+  # Tiny sizes: the flow, not the figures (tests/test_gpu_check.py runs this in `make test`).
   CONFIGS="regular_gpt=configs/tiny/regular_gpt.json alibi=configs/tiny/alibi.json rope=configs/tiny/rope.json"
   SIZE=(--set model.vocab_size=512 --set model.d_model=32 --set model.n_heads=2 --set model.chunk_size=4
         --set model.thickness=2 --set model.n_layers=2 --set data.seq_len=32 --set train.batch_size=4)

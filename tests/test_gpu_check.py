@@ -14,7 +14,6 @@ from helpers import ROOT, run_env
 
 
 @pytest.mark.slow
-@pytest.mark.long  # `make test-all` only (pytest.ini)
 def test_gpu_check_runs_every_step_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = run_env(DEVICE="cpu", OUT=str(out), PYTHON=sys.executable, WORK=str(tmp_path / "work"))
