@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from regulargpt.config import ModelConfig
 from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
 from regulargpt.model.position import alibi_slopes
-from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
+from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.sliding_dilated import adaptive_depth, autocast_inputs, fused_algorithm, sliding_dilated_attention
 
 __all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "batch_pads", "chunk_attention", "init_rel_bias",
@@ -65,8 +65,8 @@ def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Te
     if algorithm == "cpp":
         q, k, v, pad_k, pad_v = autocast_inputs(q, k, v, pad_k, pad_v)
         with torch.autocast(q.device.type, enabled=False):
-            out = sliding_dilated_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, 1, pad_k,
-                                      pad_v, query_start=(t - 1) % c, query_step=c)  # (B, ceil(t/C), H, Dh)
+            out = cpu_operator(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, 1, pad_k, pad_v,
+                               query_start=(t - 1) % c, query_step=c)  # (B, ceil(t/C), H, Dh)
         return out.transpose(1, 2)
     nc = q.shape[2]
     left = nc * c - t
