@@ -6,9 +6,9 @@ Why two routes to one kernel: in eager mode a torch.library custom operator with
 for torch.library's Python around every call (binding the arguments against the schema, the generated autograd
 function, the redispatch), a fixed cost per call that at the tiny config's T = 64 is larger than the kernel's work:
 forward + backward of one call on 4-element inputs took 860 µs of CPU time through the registered operator and
-380 µs through this route (the extension's forward alone: 10–17 µs; 2-core VM under load, docs/PERFORMANCE.md,
-section "Targets of the fused-kernel issue"). torch.compile traces the registered operator, whose fake
-implementations give it shapes; eager mode needs none of that. Both routes call `sliding_dilated_cpp.extension()`'s
+380 µs through this route (the extension's forward alone: 10–17 µs; 2-core VM under load; docs/PERFORMANCE.md,
+section "T = 64: what RegularGPT spends that ALiBi does not"). torch.compile traces the registered operator, whose
+fake implementations give it shapes; eager mode needs none of that. Both routes call `sliding_dilated_cpp.extension()`'s
 `forward` and `backward` with the same arguments, so they compute the same tensors bit for bit
 (tests/test_kernel_cpp.py).
 
