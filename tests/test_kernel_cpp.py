@@ -1,6 +1,7 @@
 """The fused C++ CPU operator against the dense T×T reference (forward and every gradient), in its strided
 (B, T, H, Dh) layout, with strided queries (tree mode) against chunk_attention's PyTorch path; determinism,
-torch.library's opcheck, the dispatch (no copies around the call) and the fallback when it cannot be built."""
+torch.library's opcheck, the model's eager route to the same extension (`cpu_operator`), the dispatch (no copies
+around the call) and the fallback when it cannot be built."""
 
 import itertools
 import warnings
@@ -11,6 +12,7 @@ import torch
 from regulargpt.kernels import sliding_dilated_cpp
 from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
 from regulargpt.model import sliding_dilated
+from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.regular_gpt import chunk_attention
 from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention, sliding_dilated_attention
 
@@ -157,6 +159,31 @@ def test_opcheck(pad):
     torch.library.opcheck(torch.ops.regulargpt.sliding_dilated_cpu.default, (q, k, v, r, pk, pv, 2, 0, 1))
     dq, dk, dv, *_ = torch.autograd.grad(sliding_dilated_cpu(q, k, v, r, 2, pk, pv).sum(), [q, k, v])
     assert dq.stride() == q.stride() and dk.stride() == k.stride() and dv.stride() == v.stride()
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+def test_eager_route_equals_the_registered_operator_bit_for_bit(pad):
+    """`cpu_operator` in eager mode calls the extension through its own autograd.Function: forward and every
+    gradient equal the registered operator's, bit for bit, at a dilation and with strided (tree-mode) queries."""
+    for dilation, query_start, query_step in [(4, 0, 1), (1, 1, 3)]:  # T = 11, C = 3: queries 1, 4, 7, 10
+        qkv, r, pk, pv = _packed(2, 11, 3, 8, 3, pad, torch.float32, expand_pads=True)
+        q, k, v = qkv.unbind(2)
+        q = q[:, query_start::query_step]
+        outs = [op(q, k, v, r, dilation, pk, pv, query_start, query_step) for op in (cpu_operator, sliding_dilated_cpu)]
+        weights = torch.randn_like(outs[0])
+        grads = [torch.autograd.grad((out * weights).sum(), _leaves(qkv, r, pk, pv)) for out in outs]
+        assert torch.equal(outs[0], outs[1]) and outs[0].shape == (2, q.shape[1], 3, 8)
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), (dilation, query_step)
+
+
+def test_compiled_code_calls_the_registered_operator():
+    """Under torch.compile `cpu_operator` is the registered operator: one whole graph (fullgraph fails on a break,
+    which tracing into the eager route's extension call would be), with the operator's values."""
+    qkv, r, pk, pv = _packed(2, 9, 2, 4, 2, True, torch.float32)
+    q, k, v = (x.detach() for x in qkv.unbind(2))
+    compiled = torch.compile(lambda *xs: cpu_operator(*xs, 2, pk.detach(), pv.detach()), backend="eager",
+                             fullgraph=True)
+    assert torch.equal(compiled(q, k, v, r.detach()), sliding_dilated_cpu(q, k, v, r.detach(), 2, pk, pv))
 
 
 def test_dispatch_reads_the_projection_in_place_and_merges_heads_as_a_view():

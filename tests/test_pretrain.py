@@ -247,7 +247,7 @@ def test_activation_checkpointing_counts_one_recompute_per_layer_application(dat
     original = TransformerLayer.forward
     monkeypatch.setattr(TransformerLayer, "forward", lambda self, x, attend: calls.append(x.shape[1]) or
                         original(self, x, attend))
-    model = build_model(_cfg(data_dir).model)  # C=4, K=2, T=32: L=3 depth steps, 6 applications (+ 6 pad states)
+    model = build_model(_cfg(data_dir).model)  # C=4, K=2, T=32: L=3 depth steps, 6 applications (the pad states call no forward)
     apply_activation_checkpointing(model)
     model(torch.randint(0, 512, (1, 32))).sum().backward()
     assert calls.count(32) == 2 * 6  # each sequence application ran twice: forward and recomputation

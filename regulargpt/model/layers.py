@@ -37,19 +37,25 @@ class TransformerLayer(nn.Module):
         self.act: Callable[[Tensor], Tensor] = F.gelu if cfg.activation == "gelu" else F.relu
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _split_heads(self, x: Tensor, parts: int) -> Tensor:
+    def _split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, parts, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # (parts, B, H, T, Dh)
+        return x.view(b, t, self.n_heads, -1).transpose(1, 2)  # (B, T, d) → (B, H, T, Dh), a view
 
     def _heads(self, x: Tensor, keep: slice | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v, each (B, H, ·, Dh); with `keep`, queries only for the positions x[:, keep]."""
+        """q, k, v, each (B, H, ·, Dh); with `keep`, queries only for the positions x[:, keep].
+
+        Split along the projection's last axis (views of its (B, T, 3d) output), so the backward joins dq, dk, dv
+        with one concatenation into the projection's gradient (an unbind of a (3, B, H, T, Dh) permute would stack
+        them, then copy the permuted stack once more to reshape it).
+        """
         if keep is None:
-            q, k, v = self._split_heads(self.qkv(x), 3).unbind(0)
+            q, k, v = (self._split_heads(part) for part in self.qkv(x).chunk(3, dim=-1))
             return q, k, v
         d = x.shape[-1]
         w, bias = self.qkv.weight, self.qkv.bias
-        q = self._split_heads(F.linear(x[:, keep], w[:d], None if bias is None else bias[:d]), 1)[0]
-        k, v = self._split_heads(F.linear(x, w[d:], None if bias is None else bias[d:]), 2).unbind(0)
+        q = self._split_heads(F.linear(x[:, keep], w[:d], None if bias is None else bias[:d]))
+        kv = F.linear(x, w[d:], None if bias is None else bias[d:])  # (B, T, 2d)
+        k, v = (self._split_heads(part) for part in kv.chunk(2, dim=-1))
         return q, k, v
 
     def key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -58,10 +64,12 @@ class TransformerLayer(nn.Module):
         return k, v
 
     def attention(self, x: Tensor, attend: AttendFn, keep: slice | None = None) -> Tensor:
-        q, k, v = self._heads(x, keep)
-        a = attend(q, k, v)  # (B, H, Tq, Dh)
+        """Attn(x) of the module doc: (B, T, d) → (B, Tq, d), Tq = T or the rows x[:, keep]."""
+        return self._project(attend(*self._heads(x, keep)))
+
+    def _project(self, a: Tensor) -> Tensor:
         b, h, t, dh = a.shape
-        return self.drop(self.out(a.transpose(1, 2).reshape(b, t, h * dh)))
+        return self.drop(self.out(a.transpose(1, 2).reshape(b, t, h * dh)))  # (B, H, Tq, Dh) → (B, Tq, d)
 
     def feed_forward(self, x: Tensor) -> Tensor:
         return self.drop(self.ffn_out(self.act(self.ffn_in(x))))
@@ -70,11 +78,17 @@ class TransformerLayer(nn.Module):
         """(B, T, d) → (B, T, d); with `keep`, only the rows x[:, keep] are computed (queries there, keys everywhere),
         and `attend` receives q for those rows only."""
         rows = x if keep is None else x[:, keep]
+        return self.from_attention(rows, attend(*self._heads(self.norm1(x) if self.pre_norm else x, keep)))
+
+    def from_attention(self, rows: Tensor, a: Tensor) -> Tensor:
+        """The rest of the layer at `rows` (B, Tq, d) given its attention heads a = attend(q, k, v) (B, H, Tq, Dh):
+        output projection, residuals, norms and FFN (pre-LN: h = rows + W_o·a, y = h + FFN(LN2(h)); post-LN:
+        h = LN1(rows + W_o·a), y = LN2(h + FFN(h)))."""
+        h = rows + self._project(a)
         if self.pre_norm:
-            rows = rows + self.attention(self.norm1(x), attend, keep)
-            return rows + self.feed_forward(self.norm2(rows))
-        rows = self.norm1(rows + self.attention(x, attend, keep))
-        return self.norm2(rows + self.feed_forward(rows))
+            return h + self.feed_forward(self.norm2(h))
+        h = self.norm1(h)
+        return self.norm2(h + self.feed_forward(h))
 
 
 class TokenEmbedding(nn.Module):

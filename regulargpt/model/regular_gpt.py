@@ -38,10 +38,10 @@ from torch import Tensor, nn
 from regulargpt.config import ModelConfig
 from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer, init_weights
 from regulargpt.model.position import alibi_slopes
-from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
+from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.sliding_dilated import adaptive_depth, autocast_inputs, fused_algorithm, sliding_dilated_attention
 
-__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "chunk_attention", "init_rel_bias",
+__all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "batch_pads", "chunk_attention", "init_rel_bias",
            "last_of_each_chunk"]
 
 
@@ -65,8 +65,8 @@ def chunk_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Te
     if algorithm == "cpp":
         q, k, v, pad_k, pad_v = autocast_inputs(q, k, v, pad_k, pad_v)
         with torch.autocast(q.device.type, enabled=False):
-            out = sliding_dilated_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, 1, pad_k,
-                                      pad_v, query_start=(t - 1) % c, query_step=c)  # (B, ceil(t/C), H, Dh)
+            out = cpu_operator(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, 1, pad_k, pad_v,
+                               query_start=(t - 1) % c, query_step=c)  # (B, ceil(t/C), H, Dh)
         return out.transpose(1, 2)
     nc = q.shape[2]
     left = nc * c - t
@@ -123,23 +123,29 @@ class _SlidingDilatedLayer(nn.Module):
     def pad_step(self, pad: Tensor) -> tuple[PadKV, Tensor]:
         """The pad state entering this sub-layer (d,) → (its key/value here, the pad state leaving it).
 
-        Attention over identical pads returns the pad's own value, so the pad passes the layer as a length-1 sequence.
-        Its key and value come from a separate ``key_value`` call, not captured inside the layer's forward: a tensor
-        that leaves a module other than through its output breaks ZeRO-3's re-gathering of that module's weights in
-        the backward (size-0 parameters; tests/test_pretrain.py's ZeRO-3 run).
+        Attention over identical pads returns the pad's own value, so the pad passes the layer as a length-1 sequence
+        whose attention output is its value: one projection gives the key, the value and (through
+        ``from_attention``) the next state. Key and value come from ``key_value`` (calls of the norm and projection
+        modules), not captured inside the layer's forward: a tensor that leaves a module other than through its
+        output breaks ZeRO-3's re-gathering of that module's weights in the backward (size-0 parameters;
+        tests/test_pretrain.py's ZeRO-3 run).
         """
         pad_seq = pad.view(1, 1, -1)  # (1, 1, d)
         pad_k, pad_v = self.layer.key_value(pad_seq)  # (1, H, 1, Dh)
-        next_pad = self.layer(pad_seq, lambda q, k, v: v)
-        return (pad_k[:, :, 0], pad_v[:, :, 0]), next_pad.view(-1)
+        next_pad = self.layer.from_attention(pad_seq, pad_v)
+        return (pad_k.squeeze(2), pad_v.squeeze(2)), next_pad.view(-1)
 
     def forward(self, x: Tensor, pad_kv: PadKV | None, dilation: int) -> Tensor:
-        """x: (B, T, d); pad_kv: this sub-layer's pad key/value (each (1, H, Dh)), or None in mask mode."""
-        if pad_kv is None:
-            return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation))
-        b = x.shape[0]
-        pad_k, pad_v = (t.expand(b, -1, -1) for t in pad_kv)  # (B, H, Dh)
+        """x: (B, T, d); pad_kv: this sub-layer's pad key/value, each (B, H, Dh) (`batch_pads`), or None in mask
+        mode."""
+        pad_k, pad_v = (None, None) if pad_kv is None else pad_kv
         return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation, pad_k, pad_v))
+
+
+def batch_pads(pads: list[PadKV | None], batch: int) -> list[PadKV | None]:
+    """Each sub-layer's pad key/value (1, H, Dh) expanded to (B, H, Dh) (views), once per forward: every depth step
+    reads the same tensors, so their gradients meet before one reduction over the batch."""
+    return [None if kv is None else (kv[0].expand(batch, -1, -1), kv[1].expand(batch, -1, -1)) for kv in pads]
 
 
 class RegularGPTStack(nn.Module):
@@ -184,8 +190,9 @@ class RegularGPTStack(nn.Module):
         return out
 
     def step(self, x: Tensor, dilation: int, pads: list[PadKV | None] | None = None) -> Tensor:
-        """One depth step: the K shared sub-layers at `dilation` over every position of x (B, T, d)."""
-        pads = self.pad_states() if pads is None else pads
+        """One depth step: the K shared sub-layers at `dilation` over every position of x (B, T, d); `pads`: the
+        sub-layers' pad keys/values expanded to x's batch (`batch_pads`), computed here when None."""
+        pads = batch_pads(self.pad_states(), x.shape[0]) if pads is None else pads
         for sub, pad_kv in zip(self.sublayers, pads):
             x = sub(x, pad_kv, dilation)
         return x
@@ -193,7 +200,7 @@ class RegularGPTStack(nn.Module):
     def sliding(self, x: Tensor) -> Tensor:
         """(B, T, d) → (B, T, d): depth step l at dilation C**l; every position (adaptive, train) or the positions
         m >= C**l (per_position, the others keep their state)."""
-        pads = self.pad_states()
+        pads = batch_pads(self.pad_states(), x.shape[0])
         for level in range(self.depth(x.shape[1])):
             active = self.step_mask(x.shape[1], level, x.device)
             new = self.step(x, self.chunk_size**level, pads)
@@ -208,7 +215,7 @@ class RegularGPTStack(nn.Module):
         kept positions are computed, unless `every_position` (the step runs on every position, then the kept ones
         are selected: the same states up to fp32 rounding, for probes that must match a reference bit for bit).
         """
-        pads = self.pad_states()
+        pads = batch_pads(self.pad_states(), x.shape[0])
         for _ in range(self.depth(x.shape[1])):
             keep = last_of_each_chunk(x.shape[1], self.chunk_size)
             if self.thickness == 1 and not every_position:
@@ -225,11 +232,9 @@ class RegularGPTStack(nn.Module):
         return x[:, 0]
 
     def _kept_only(self, x: Tensor, keep: slice, pad_kv: PadKV | None) -> Tensor:
-        """One depth step of a K = 1 stack computed at the kept positions only."""
+        """One depth step of a K = 1 stack computed at the kept positions only; pad_kv each (B, H, Dh) or None."""
         sub = self.sublayers[0]
-        pad_k = pad_v = None
-        if pad_kv is not None:
-            pad_k, pad_v = (t.expand(x.shape[0], -1, -1) for t in pad_kv)  # (B, H, Dh)
+        pad_k, pad_v = (None, None) if pad_kv is None else pad_kv
         return sub.layer(x, lambda q, k, v: chunk_attention(q, k, v, sub.rel_bias, pad_k, pad_v), keep)
 
 

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from regulargpt.kernels import sliding_dilated_cpp
-from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
 from regulargpt.model import flex_sliding
+from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
 __all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm",
@@ -308,8 +308,9 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
 
 def _run_cpp(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
              pad_v: Tensor | None) -> Tensor:
-    """The C++ operator reads (B, T, H, Dh): transpose(1, 2) views of the projection's heads, no copy either way."""
-    out = sliding_dilated_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, dilation, pad_k, pad_v)
+    """The C++ operator reads (B, T, H, Dh): transpose(1, 2) views of the projection's heads, no copy either way
+    (`cpu_operator`: the registered operator under torch.compile, the extension itself in eager mode)."""
+    out = cpu_operator(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, dilation, pad_k, pad_v)
     return out.transpose(1, 2)  # (B, H, T, Dh) view of the contiguous (B, T, H, Dh) output
 
 
