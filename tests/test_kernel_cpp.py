@@ -235,3 +235,25 @@ def test_public_api_gradients_in_the_callers_layout():
         for g, w in zip(torch.autograd.grad((out * weights).sum(), [q, k, v, r, pk, pv]),
                         torch.autograd.grad((ref * weights).sum(), [q, k, v, r, pk, pv])):
             assert (g - w).abs().max() < 1e-10, (c, dilation, t)
+
+
+def test_a_build_lock_left_by_a_killed_process_is_cleared_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """torch waits forever on the build folder's `lock` of a process killed mid-build: one older than
+    STALE_LOCK_SECONDS is removed with a warning naming it; a younger one (a build in progress) is left alone."""
+    import os
+    import time
+
+    from regulargpt.kernels import sliding_dilated_cpp
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "ext" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    sliding_dilated_cpp._clear_stale_lock("ext")  # fresh: kept
+    assert lock.exists()
+    old = time.time() - sliding_dilated_cpp.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="removing a build lock"):
+        sliding_dilated_cpp._clear_stale_lock("ext")
+    assert not lock.exists()
+    sliding_dilated_cpp._clear_stale_lock("ext")  # no lock: nothing to do, no error

@@ -18,6 +18,7 @@ loads a binary built for another. `build_error()` says why a build failed (None 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
 from pathlib import Path
@@ -31,6 +32,7 @@ __all__ = ["sliding_dilated_cpu", "extension", "build_error"]
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
 _HEADER = _SOURCE.with_name("sliding_dilated_cpu_vec.h")  # its vectorised row helpers, included by the source
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+STALE_LOCK_SECONDS = 600.0  # a build lock older than this belongs to a killed process
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
 
 
@@ -52,14 +54,38 @@ def extension() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     sources = [path.read_text() if path.exists() else "" for path in (_SOURCE, _HEADER)]
-    key = "\0".join([*sources, *_CFLAGS, torch.__version__, _cpu_signature()])
+    # the source's path too: torch's build files record it, so two checkouts sharing one cache would rebuild (and
+    # wait on) each other's extension at every load
+    key = "\0".join([*sources, str(_SOURCE.resolve()), *_CFLAGS, torch.__version__, _cpu_signature()])
     name = f"regulargpt_sliding_dilated_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     try:
+        _clear_stale_lock(name)
         _state["module"] = load(name=name, sources=[str(_SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"])
     except Exception as exc:  # any build or load failure: the caller falls back and says why
         _state["error"] = f"building {_SOURCE.name} failed: {type(exc).__name__}: {str(exc).strip()[-500:]}"
         raise RuntimeError(_state["error"]) from exc
     return _state["module"]  # type: ignore[return-value]
+
+
+def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_SECONDS) -> None:
+    """Remove the build folder's `lock` when it is older than `max_age_s` (a build takes about a minute): torch
+    waits forever on a lock left by a process killed while it built or loaded the extension."""
+    import os
+    import time
+    import warnings
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:  # no lock: nothing to clear
+        return
+    if age > max_age_s:
+        warnings.warn(f"{lock}: removing a build lock {age:.0f} s old (a process was killed while building the C++ "
+                      f"kernel); building again", stacklevel=3)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock)
 
 
 @torch.compiler.assume_constant_result  # torch.compile runs it eagerly when tracing, and keeps the answer
