@@ -369,6 +369,8 @@ class _Trainer:
                              f"{t.zero_stage}, {t.precision}, {self.tokens_per_step:,} tokens/step; peak "
                              f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})"
                              + ("; torch.compile on" if t.compile else "")
+                             + (" (ZeRO-3: in fragments, split at every module by DeepSpeed's parameter hooks)"
+                                if t.compile and t.zero_stage == 3 else "")
                              + (f"; mfu against the datasheet peak {self.datasheet[0] / 1e12:.0f} TFLOP/s of the "
                                 f"{self.datasheet[1]}, mfu_measured against the measured one" if self.datasheet
                                 else ""))
