@@ -81,8 +81,8 @@ def _as_rank(out_dir: Path, baseline: bool, argv: list[str]) -> None:
         record.setdefault("train_peak", _peak_rss())
         original_save(self)
 
-    def train_step(self: object) -> tuple[float, bool]:
-        result = original_step(self)
+    def train_step(self: object, *args: object) -> tuple[object, ...]:
+        result = original_step(self, *args)
         record.setdefault("step1_peak", _peak_rss())
         return result
 

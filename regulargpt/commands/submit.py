@@ -108,7 +108,7 @@ def validate(jobs: list[Job], world_size: int) -> None:
     from regulargpt.config import load_config
     from regulargpt import run_directory as rd
     from regulargpt.train.engine import check_deepspeed_config
-    from regulargpt.train.loop import open_data
+    from regulargpt.train.lm_data import open_data
 
     if "DS_ACCELERATOR" not in os.environ:
         os.environ["DS_ACCELERATOR"] = "cpu"  # a login node: DeepSpeed's config validation needs no device

@@ -212,8 +212,9 @@ class TrainConfig(FormalTrainConfig):
     zero_stage: int = 0
     activation_checkpointing: bool = False
     # torch.compile the model in place (DeepSpeed's engine.compile = nn.Module.compile: same module, names and state
-    # dict), ZeRO stages 0-2. Off by default: measured on this CPU (docs/PERFORMANCE.md, "torch.compile") it costs
-    # ~20-90 CPU-seconds of compilation per run and shape.
+    # dict), every ZeRO stage (under ZeRO-3 DeepSpeed's parameter hooks split the graph at every module:
+    # regulargpt.train.engine.compile_engine). Off by default: measured on this CPU (docs/PERFORMANCE.md,
+    # "torch.compile") it costs ~20-90 CPU-seconds of compilation per run and shape.
     compile: bool = False
     eval_every: int = 0  # validation every N steps; 0 = only at the end
     eval_batches: int = 8
@@ -235,9 +236,6 @@ class TrainConfig(FormalTrainConfig):
             self._fail("min_lr_ratio", self.min_lr_ratio, "a fraction in [0, 1]")
         if self.zero_stage not in (0, 1, 2, 3):
             self._fail("zero_stage", self.zero_stage, "one of 0, 1, 2, 3")
-        if self.compile and self.zero_stage == 3:
-            self._fail("compile", True, "false under train.zero_stage=3 (ZeRO-3 gathers a parameter when eager code "
-                       "reads it; compiled code reads the empty partition: docs/PERFORMANCE.md), or zero_stage <= 2")
         if self.eval_every < 0:
             self._fail("eval_every", self.eval_every, "a number >= 0")
         bounds = [0, *self.extended_from, self.steps]

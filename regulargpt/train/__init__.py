@@ -5,8 +5,10 @@
     train(load_config("configs/tiny/regular_gpt.json", ["data.path=data/tiny"]), "runs/tiny")
 
 Modules: ``process_env`` (every launcher's ranks: torchrun, deepspeed, srun, mpirun, plain python), ``engine``
-(DeepSpeed config, optimizer with skippable updates + LR schedule, activation checkpointing), ``loop`` (the training
-loop, validation, preemption, non-finite steps), ``run_directory`` (the run directory both trainers share: layout,
+(DeepSpeed config, optimizer with skippable updates + LR schedule, activation checkpointing, compile), ``loop`` (the
+training loop: records, validation and checkpoint cadence, preemption), ``lm_step`` (one optimizer step with one
+host read, non-finite steps, validation), ``lm_checkpoint`` (save, resume, RNG streams), ``lm_data`` (the data
+splits, checked), ``run_directory`` (the run directory both trainers share: layout,
 config and metrics on resume, checkpoints with fallback, keep-last-k, extension, the trainer lock, resuming on
 another number of processes), ``export`` (ZeRO consolidation → model.pt), ``metrics_log`` (console, metrics.jsonl, wandb),
 ``formal_trainer`` (the formal-language trainer), ``faults`` (test-only NaN injection), ``stopping`` (signals and

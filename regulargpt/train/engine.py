@@ -57,6 +57,7 @@ __all__ = [
     "GuardedAdamW",
     "adamw_kernel",
     "build_engine",
+    "compile_engine",
     "check_precision",
 ]
 
@@ -329,7 +330,41 @@ def build_engine(cfg: Config, model: nn.Module, world_size: int) -> tuple[Any, A
     )
     if ds_optimizer is not optimizer:
         optimizer.wrapper = ds_optimizer
-    if t.compile:  # DeepSpeed's compile: nn.Module.compile of the wrapped model, in place (names, state dict
-        backend = os.environ.get(COMPILE_BACKEND_ENV)  # unchanged); the backend env var is for the tests
-        engine.compile(**({"backend": backend} if backend else {}))
+    if t.compile:
+        compile_engine(engine, model, t.zero_stage)
     return engine, ds_scheduler, names, optimizer
+
+
+def compile_engine(engine: Any, model: nn.Module, zero_stage: int) -> list[str]:
+    """``train.compile``: DeepSpeed's ``engine.compile()``, i.e. ``nn.Module.compile`` of the wrapped model in place
+    (parameter names and state dict unchanged); ``REGULARGPT_COMPILE_BACKEND`` picks the backend (the tests:
+    ``aot_eager``). Returns the names of the parameters registered for ZeRO-3 (below; [] under ZeRO 0–2).
+
+    ZeRO-3 gathers a partitioned parameter in two ways: a module's forward pre-hook gathers the module's own
+    parameters, and reading any other parameter while a forward runs gathers it on the spot and registers it as an
+    *external parameter* of the module running (``ZeROOrderedDict.__getitem__``). Compiled code skips the second
+    way (the getter returns the parameter as it is while dynamo traces), so a parameter read outside its own
+    module's forward reaches the compiled graph as its empty partition: RegularGPT's pad vector ``stack.pad``,
+    read by ``RegularGPTStack.pad_states`` from ``RegularGPT.forward`` (the stack's own forward never runs), gave
+    ``layer_norm`` a (1, 1, 0) input. So before compiling, the parameters that a module holds itself while also
+    having submodules (the containers: ``stack.pad`` and each sub-layer's window scalars ``rel_bias``, d + K·H·C
+    numbers in all) are registered as external parameters of the whole model: its pre-hook, which runs eagerly
+    (DeepSpeed disables the compiler over its hooks), gathers them before any compiled code reads them.
+
+    DeepSpeed's hooks still split the compiled forward at every module (docs/PERFORMANCE.md, "train.compile under
+    DeepSpeed"), so under ZeRO-3 compiling fuses little; DeepCompile (``deepspeed.compile.deepcompile``, CUDA
+    only) is DeepSpeed's answer to that and is not used here.
+    """
+    registered: list[str] = []
+    if zero_stage == 3:
+        from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+        for module_name, module in model.named_modules():
+            if next(module.children(), None) is None:
+                continue
+            for name, param in module.named_parameters(recurse=False):
+                register_external_parameter(model, param)
+                registered.append(f"{module_name}.{name}" if module_name else name)
+    backend = os.environ.get(COMPILE_BACKEND_ENV)
+    engine.compile(**({"backend": backend} if backend else {}))
+    return registered

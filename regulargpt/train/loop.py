@@ -30,6 +30,11 @@ DeepSpeed wrapper skipped that call). Losses and gradient norms stay on the devi
 (:class:`~regulargpt.train.step_stats.StepStats`) until a metrics record, every ``train.log_every`` steps, reads
 their window means. (DeepSpeed's own wrappers add reads of their own: overflow checks; see docs/PERFORMANCE.md.)
 
+Modules: this one sets up the run and drives it (:class:`_Trainer`: steps, records, validation and checkpoint
+cadence, preemption, export; :func:`train`: the process around it); :mod:`regulargpt.train.lm_step` runs one
+optimizer step and validation, :mod:`regulargpt.train.lm_checkpoint` saves and resumes (and seeds the RNG
+streams), :mod:`regulargpt.train.lm_data` opens and checks the data.
+
 Non-finite steps: a step with a non-finite loss on any rank, or a non-finite global gradient norm, runs its
 backward passes to the boundary and :class:`~regulargpt.train.engine.GuardedAdamW` discards the update; the verdict
 is all-reduced, so all ranks agree. Weights and optimizer state are unchanged, the LR schedule still advances with
@@ -41,16 +46,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging as _stdlib_logging
-import random
 import sys
 import time
 import warnings
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from regulargpt.config import Config
@@ -67,53 +70,14 @@ from regulargpt.train.engine import (
     prepare_process_env,
     skip_shm_build,
 )
-from regulargpt.train.faults import nan_plan, poison
-from regulargpt.train.lm_loss import lm_loss
+from regulargpt.train.lm_checkpoint import Checkpoints, rank0_decides, seed_all, seed_rank_stream
+from regulargpt.train.lm_data import data_fingerprint, open_data
+from regulargpt.train.lm_step import StepRunner
 from regulargpt.train.step_stats import StepStats
 from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
-__all__ = ["open_data", "train"]
-
-
-def _data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"tokenizer_sha256": manifest["tokenizer"]["sha256"], "vocab_size": manifest["vocab_size"],
-            "train_tokens": manifest["splits"]["train"]["tokens"], "val_tokens": manifest["splits"]["val"]["tokens"]}
-
-
-def open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
-    """Train and val splits; clear errors for a missing folder, a vocabulary or tokenizer mismatch, a truncated
-    token file or a too-short split."""
-    from regulargpt.data import DataError, check_tokenizer, load_manifest, open_split
-
-    if not cfg.data.path:
-        raise TrainError("data.path is empty; prepare a folder with `python data_prep/prepare.py --source "
-                         "python-stdlib --out data/stdlib` and pass --set data.path=data/stdlib")
-    try:
-        manifest = load_manifest(cfg.data.path, vocab_size=cfg.model.vocab_size)
-    except DataError as err:
-        raise TrainError(f"data.path={cfg.data.path!r}: {err}") from None
-    if manifest["vocab_size"] != cfg.model.vocab_size:
-        raise TrainError(f"model.vocab_size={cfg.model.vocab_size} does not match the data: "
-                         f"{cfg.data.path}/manifest.json has vocab_size={manifest['vocab_size']}. "
-                         f"Set --set model.vocab_size={manifest['vocab_size']} "
-                         f"or prepare the data with --vocab-size {cfg.model.vocab_size}")
-    check_tokenizer(cfg.data.path)
-    splits = []
-    for name in ("train", "val"):
-        split = open_split(cfg.data.path, name)  # the manifest's vocab_size was compared with the model's above
-        if len(split) < cfg.data.seq_len + 1:
-            raise TrainError(f"{cfg.data.path}: the {name} split has {len(split)} tokens, fewer than "
-                             f"data.seq_len + 1 = {cfg.data.seq_len + 1}; prepare more data (--max-bytes) or lower "
-                             f"data.seq_len")
-        splits.append(split)
-    return splits[0], splits[1], manifest
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+__all__ = ["open_data", "train"]  # open_data lives in lm_data; re-exported for its callers
 
 
 class _Trainer:
@@ -128,7 +92,7 @@ class _Trainer:
         self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
         self.rank, self.world = env["rank"], env["world_size"]
         train_split, val_split, manifest = data
-        self.fingerprint = _data_fingerprint(manifest)
+        fingerprint = data_fingerprint(manifest)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False,
@@ -151,25 +115,27 @@ class _Trainer:
         device = torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu")
         self.peak, self.peak_source = self._shared_peak(str(device))
         self.datasheet = datasheet_peak(str(device), cfg.train.precision)  # (FLOP/s, name) or None
-        _seed_all(t.seed)  # identical initial weights on every rank
+        seed_all(t.seed)  # identical initial weights on every rank
         model = build_model(cfg.model)
         self.flops_per_token = model.flops_per_token(cfg.data.seq_len)
         self.num_parameters = model.num_parameters()
-        self.engine, self.scheduler, self.param_names, self.optimizer = build_engine(cfg, model, self.world)
+        self.engine, scheduler, param_names, optimizer = build_engine(cfg, model, self.world)
         self.device = self.engine.device
-        # ZeRO-0 fp32 hands DeepSpeed our torch AdamW unwrapped; DeepSpeed then clips without keeping the norm.
-        self._plain_optimizer = self.optimizer.wrapper is None
-        self.grad_norm: torch.Tensor | float | None = None
-        self.nan_plan = nan_plan(self.rank, self.world)  # test-only fault injection; {} unless REGULARGPT_INJECT_NAN
-        _seed_all(t.seed * 1_000_003 + 7919 * (self.rank + 1))  # per-rank stream (dropout)
+        seed_rank_stream(t.seed, self.rank)  # per-rank stream (dropout)
 
-        self.sampler = WindowSampler(train_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
-                                     vocab_size=cfg.model.vocab_size)
-        self.val_sampler = WindowSampler(val_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
-                                         vocab_size=cfg.model.vocab_size)
+        sampler = WindowSampler(train_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
+                                vocab_size=cfg.model.vocab_size)
+        val_sampler = WindowSampler(val_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
+                                    vocab_size=cfg.model.vocab_size)
+        self.steps = StepRunner(cfg, self.engine, optimizer, scheduler, sampler, val_sampler, self.rank, self.world,
+                                dist)
+        self.checkpoints = Checkpoints(cfg, run_dir, self.engine, scheduler, sampler, param_names, fingerprint,
+                                       self.rank, self.world, dist)
         self.step, self.tokens, self.bad_steps = 0, 0, 0
         self.tokens_per_step = t.batch_size * t.grad_accum * cfg.data.seq_len * self.world
-        self._resume()
+        resumed = self.checkpoints.resume()
+        if resumed is not None:
+            self.step, self.tokens, self.bad_steps = resumed
         self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
 
     def _shared_peak(self, device: str) -> tuple[float, str]:
@@ -198,155 +164,16 @@ class _Trainer:
             self.peak, self.peak_source = achieved, f"raised at step {self.step} to the rate this run reached"
         return achieved / self.peak
 
-    # ------------------------------------------------------------------------------------------ checkpoints
-
-    def _state(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens": self.tokens, "world_size": self.world, "bad_steps": self.bad_steps,
-                "sampler": self.sampler.settings(),
-                "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
-                "precision": self.cfg.train.precision, "param_names": self.param_names,
-                **rd.trainer_state_fields(self.cfg.train.batch_size, self.cfg.train.grad_accum, self.world)}
+    def _rank0_decides(self, decide: Callable[[], Any]) -> Any:
+        return rank0_decides(decide, self.rank, self.world, self.dist)
 
     def save(self) -> None:
-        tag = f"global_step{self.step}"
-        state = self._state()
-        self.engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=state, save_latest=False)
-        rd.save_rng(self.run_dir, self.step, self.rank)
-        if self.rank == 0:
-            rd.write_trainer_state(self.run_dir, self.step, state)
-        self.dist.barrier()
-        if self.rank == 0:
-            rd.write_checksums(self.run_dir, self.step)
-            rd.mark_latest(self.run_dir, self.step)
-            rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
-            rd.drop_universal(self.run_dir)  # a world-size change's conversion, if any: superseded now
-        self.dist.barrier()
-
-    def _rank0_decides(self, decide: Callable[[], Any]) -> Any:
-        """Run `decide` on rank 0 and hand its result to every rank; a TrainError it raises is raised on all."""
-        choice: list[Any] = [None, None]
-        if self.rank == 0:
-            try:
-                choice = [decide(), None]
-            except TrainError as err:
-                choice = [None, str(err)]
-        if self.world > 1:
-            self.dist.broadcast_object_list(choice, src=0)
-        if choice[1] is not None:
-            raise TrainError(choice[1])
-        return choice[0]
-
-    def _resume_point(self) -> int | None:
-        """Rank 0 picks the checkpoint (rd.resume_step: may set a corrupt one aside) and tells the other ranks."""
-
-        def pick() -> int | None:
-            step, warnings_ = rd.resume_step(self.run_dir)
-            for text in warnings_:
-                print(f"warning: {text}", file=sys.stderr, flush=True)
-            return step
-
-        return self._rank0_decides(pick)
-
-    def _resume(self) -> None:
-        step = self._resume_point()
-        if step is None:
-            return
-        state = rd.read_trainer_state(self.run_dir, step)
-        if state["data"] != self.fingerprint:
-            raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
-                             f"{self.fingerprint}); resume with the same data folder")
-        load_dir, universal = self.run_dir, False
-        if state["world_size"] != self.world and rd.needs_universal(self.run_dir, step):  # re-cut the partitions
-            load_dir, universal = Path(self._rank0_decides(lambda: str(rd.to_universal(self.run_dir, step)))), True
-        try:
-            with rd.safe_loading():
-                self.engine._config.load_universal_checkpoint = universal  # read by load_checkpoint only
-                path, _ = self.engine.load_checkpoint(str(load_dir), tag=f"global_step{step}",
-                                                      load_optimizer_states=True, load_lr_scheduler_states=True)
-        except (RuntimeError, KeyError, ValueError, OSError) as err:  # intact files that do not fit this model
-            raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed cannot load this checkpoint into the "
-                             f"configured model ({type(err).__name__}: {str(err)[:300]})") from None
-        finally:
-            self.engine._config.load_universal_checkpoint = False
-        if path is None:
-            raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
-        if state["world_size"] == self.world:
-            self.sampler.check_resume(state["sampler"])
-            rd.load_rng(self.run_dir, step, self.rank)
-        else:  # another data order and per-rank RNG streams, both a function of (seed, step, rank) for this world
-            self.sampler.check_resume({**state["sampler"], "world_size": self.world})
-            _seed_all(self.cfg.train.seed * 1_000_003 + 7919 * (self.rank + 1) + 104_729 * step)
-        # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
-        # schedule, so set it from this config's (for an ordinary resume this is the same value).
-        for group, base in zip(self.scheduler.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = base * lr_factor(step, self.cfg)
-        self.step, self.tokens, self.bad_steps = state["step"], state["tokens"], state.get("bad_steps", 0)
-
-    # --------------------------------------------------------------------------------------------- training
-
-    def _loss(self, batch: torch.Tensor, fault: str | None = None) -> torch.Tensor:
-        """Mean next-token cross-entropy of one micro-batch; `fault` is the test-only NaN injection (faults.py)."""
-        if self.device.type == "cuda":
-            batch = batch.pin_memory()  # a copy from pageable memory would wait for the device
-        batch = batch.to(self.device, non_blocking=True)
-        logits, factor = poison(fault, self.engine(batch[:, :-1]))  # (B, T, V)
-        return factor * lm_loss(logits, batch[:, 1:])
-
-    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum `t` over the ranks, in place, on this rank's device (no host round trip); returns it."""
-        if self.world > 1:
-            self.dist.all_reduce(t)
-        return t
-
-    def _flag(self, value: bool) -> torch.Tensor:
-        return torch.full((), float(value), device=self.device)  # a fill on the device, not a host copy
-
-    @torch.no_grad()
-    def validate(self) -> float:
-        self.engine.eval()
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for i in range(self.cfg.train.eval_batches):
-            total += self._loss(self.val_sampler.batch(i)).to(torch.float64)
-        self.engine.train()
-        return self._reduce(total).item() / (self.cfg.train.eval_batches * self.world)
+        """Checkpoint ``global_step<step>`` (every rank; regulargpt.train.lm_checkpoint)."""
+        self.checkpoints.save(self.step, self.tokens, self.bad_steps)
 
     def train_step(self, stop: StopRequest) -> tuple[torch.Tensor, bool, bool, bool]:
-        """One optimizer step (grad_accum micro-batches) → (this rank's mean loss, a device scalar; whether the step
-        was skipped; whether a rank was signalled to stop; whether a rank's launcher is gone), the last three agreed
-        by every rank. One host read (see the module docstring).
-
-        Sets ``self.grad_norm`` (a device scalar, DeepSpeed's value, or None). A skipped step changes no weight and
-        no optimizer state.
-        """
-        accum, opt = self.cfg.train.grad_accum, self.optimizer
-        fault = self.nan_plan.get(self.step + 1)
-        lr_epoch = self.scheduler.last_epoch
-        opt.fired, opt.read, self.grad_norm = False, None, None
-        loss_sum = torch.zeros((), device=self.device)
-        for micro in range(accum):
-            loss = self._loss(self.sampler.batch(self.step, micro), fault if micro == 0 else None)
-            loss_sum = loss_sum + loss.detach().float()
-            self.engine.backward(loss)
-            if micro == accum - 1:
-                bad = (~torch.isfinite(loss_sum)).float()
-                if self._plain_optimizer:  # DeepSpeed records no norm here: take it pre-clipping (grads all-reduced)
-                    grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-                    self.grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
-                    if self.grad_norm is not None:  # the same on every rank
-                        bad = bad + (~torch.isfinite(self.grad_norm)).float()
-                requested, by_signal = stop.requested, stop.by_signal  # (a signal may arrive later: next step)
-                opt.flags = self._reduce(torch.stack([bad, self._flag(requested and by_signal),
-                                                      self._flag(requested and not by_signal)]))
-            self.engine.step()
-        flags = opt.read if opt.read is not None else opt.flags.tolist()  # read by opt.step unless DeepSpeed skipped it
-        opt.flags = None
-        bad_ranks, signalled, orphaned = flags[:3]
-        if not self._plain_optimizer and not bad_ranks:
-            self.grad_norm = self.engine.get_global_grad_norm()
-        skipped = bad_ranks > 0 or opt.fired or not self.engine.was_step_applied()
-        if skipped and self.scheduler.last_epoch == lr_epoch:
-            self.scheduler.step()  # DeepSpeed steps the schedule only after an applied update; keep lr = f(step)
-        return loss_sum / accum, skipped, signalled > 0, orphaned > 0
+        """The next optimizer step (regulargpt.train.lm_step.StepRunner.run)."""
+        return self.steps.run(self.step, stop)
 
     def _skip(self, loss: float) -> None:
         """Count a skipped step; warn, or stop the run when there were more than train.max_bad_steps."""
@@ -369,6 +196,8 @@ class _Trainer:
                              f"{t.zero_stage}, {t.precision}, {self.tokens_per_step:,} tokens/step; peak "
                              f"{self.peak / 1e9:.0f} GFLOP/s per process ({self.peak_source})"
                              + ("; torch.compile on" if t.compile else "")
+                             + (" (ZeRO-3: in fragments, split at every module by DeepSpeed's parameter hooks)"
+                                if t.compile and t.zero_stage == 3 else "")
                              + (f"; mfu against the datasheet peak {self.datasheet[0] / 1e12:.0f} TFLOP/s of the "
                                 f"{self.datasheet[1]}, mfu_measured against the measured one" if self.datasheet
                                 else ""))
@@ -392,12 +221,12 @@ class _Trainer:
             lr = t.lr * lr_factor(self.step, cfg)
             self.step += 1
             self.tokens += self.tokens_per_step
-            stats.add(loss, None if skipped else self.grad_norm)
+            stats.add(loss, None if skipped else self.steps.grad_norm)
             final = self.step == t.steps
             do_eval = final or (t.eval_every > 0 and self.step % t.eval_every == 0)
             record = do_eval or skipped or self.step % t.log_every == 0  # the same steps on every rank
             if record:
-                loss, grad_norm = stats.read(self._reduce, self.world)  # waits for the device: inside the window
+                loss, grad_norm = stats.read(self.steps.reduce, self.world)  # waits for the device: inside the window
                 last_loss = loss
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
@@ -417,7 +246,7 @@ class _Trainer:
                     rec["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
                 window_time, window_tokens = 0.0, 0
                 if do_eval:
-                    last_val = rec["val_loss"] = self.validate()
+                    last_val = rec["val_loss"] = self.steps.validate()
                 self.log.record(rec)
             if (signalled or orphaned) and not final:
                 stop.reason = stop.reason or ("a signal to another rank" if signalled else "another rank's launcher "

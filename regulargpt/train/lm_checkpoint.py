@@ -1,0 +1,143 @@
+"""The language-model trainer's checkpoints and RNG streams: what a checkpoint holds besides DeepSpeed's own files,
+writing one on every rank, and resuming from the newest intact one.
+
+A checkpoint ``global_step<N>/`` is DeepSpeed's ``save_checkpoint`` (weights, optimizer, LR schedule) with
+:meth:`Checkpoints.client_state` as its client state, plus per-rank RNG files, ``trainer_state.json`` and checksums
+(:mod:`regulargpt.run_directory`); ``latest`` is moved to it only after every rank has written its part. Rank 0
+decides what every rank does with the run directory (:func:`rank0_decides`), so the ranks never disagree::
+
+    ckpt = Checkpoints(cfg, run_dir, engine, scheduler, sampler, param_names, fingerprint, rank, world, dist)
+    resumed = ckpt.resume()            # None, or (step, tokens, bad_steps) loaded from the newest intact checkpoint
+    ckpt.save(step, tokens, bad_steps)
+
+RNG streams: the initial weights come from ``train.seed`` (:func:`seed_all`), then each rank draws from its own
+stream (:func:`seed_rank_stream`, dropout); a resume on as many processes restores the saved streams, one on another
+number re-derives them from (seed, rank, step).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from regulargpt import run_directory as rd
+from regulargpt.config import Config
+from regulargpt.errors import TrainError
+from regulargpt.train.engine import lr_factor
+
+__all__ = ["Checkpoints", "rank0_decides", "seed_all", "seed_rank_stream"]
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def seed_rank_stream(seed: int, rank: int, step: int = 0) -> None:
+    """This rank's RNG stream from `step` on: seed_all(seed · 1,000,003 + 7,919 · (rank + 1) + 104,729 · step)."""
+    seed_all(seed * 1_000_003 + 7919 * (rank + 1) + 104_729 * step)
+
+
+def rank0_decides(decide: Callable[[], Any], rank: int, world: int, dist: Any) -> Any:
+    """Run `decide` on rank 0 and hand its result to every rank; a TrainError it raises is raised on all."""
+    choice: list[Any] = [None, None]
+    if rank == 0:
+        try:
+            choice = [decide(), None]
+        except TrainError as err:
+            choice = [None, str(err)]
+    if world > 1:
+        dist.broadcast_object_list(choice, src=0)
+    if choice[1] is not None:
+        raise TrainError(choice[1])
+    return choice[0]
+
+
+class Checkpoints:
+    """Save and resume the run in `run_dir` for one rank of `world` (every rank calls both)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, engine: Any, scheduler: Any, sampler: Any,
+                 param_names: list[list[str]], fingerprint: dict[str, Any], rank: int, world: int, dist: Any) -> None:
+        self.cfg, self.run_dir, self.engine, self.scheduler, self.sampler = cfg, run_dir, engine, scheduler, sampler
+        self.param_names, self.fingerprint = param_names, fingerprint
+        self.rank, self.world, self.dist = rank, world, dist
+
+    def client_state(self, step: int, tokens: int, bad_steps: int) -> dict[str, Any]:
+        return {"step": step, "tokens": tokens, "world_size": self.world, "bad_steps": bad_steps,
+                "sampler": self.sampler.settings(),
+                "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
+                "precision": self.cfg.train.precision, "param_names": self.param_names,
+                **rd.trainer_state_fields(self.cfg.train.batch_size, self.cfg.train.grad_accum, self.world)}
+
+    def save(self, step: int, tokens: int, bad_steps: int) -> None:
+        tag = f"global_step{step}"
+        state = self.client_state(step, tokens, bad_steps)
+        self.engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=state, save_latest=False)
+        rd.save_rng(self.run_dir, step, self.rank)
+        if self.rank == 0:
+            rd.write_trainer_state(self.run_dir, step, state)
+        self.dist.barrier()
+        if self.rank == 0:
+            rd.write_checksums(self.run_dir, step)
+            rd.mark_latest(self.run_dir, step)
+            rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+            rd.drop_universal(self.run_dir)  # a world-size change's conversion, if any: superseded now
+        self.dist.barrier()
+
+    def _decides(self, decide: Callable[[], Any]) -> Any:
+        return rank0_decides(decide, self.rank, self.world, self.dist)
+
+    def _resume_point(self) -> int | None:
+        """Rank 0 picks the checkpoint (rd.resume_step: may set a corrupt one aside) and tells the other ranks."""
+
+        def pick() -> int | None:
+            step, warnings_ = rd.resume_step(self.run_dir)
+            for text in warnings_:
+                print(f"warning: {text}", file=sys.stderr, flush=True)
+            return step
+
+        return self._decides(pick)
+
+    def resume(self) -> tuple[int, int, int] | None:
+        """Load the newest intact checkpoint into the engine, the sampler and the RNG streams → (step, tokens,
+        bad_steps), or None when there is none. TrainError for other data or a checkpoint that does not fit."""
+        step = self._resume_point()
+        if step is None:
+            return None
+        state = rd.read_trainer_state(self.run_dir, step)
+        if state["data"] != self.fingerprint:
+            raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
+                             f"{self.fingerprint}); resume with the same data folder")
+        load_dir, universal = self.run_dir, False
+        if state["world_size"] != self.world and rd.needs_universal(self.run_dir, step):  # re-cut the partitions
+            load_dir, universal = Path(self._decides(lambda: str(rd.to_universal(self.run_dir, step)))), True
+        try:
+            with rd.safe_loading():
+                self.engine._config.load_universal_checkpoint = universal  # read by load_checkpoint only
+                path, _ = self.engine.load_checkpoint(str(load_dir), tag=f"global_step{step}",
+                                                      load_optimizer_states=True, load_lr_scheduler_states=True)
+        except (RuntimeError, KeyError, ValueError, OSError) as err:  # intact files that do not fit this model
+            raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed cannot load this checkpoint into the "
+                             f"configured model ({type(err).__name__}: {str(err)[:300]})") from None
+        finally:
+            self.engine._config.load_universal_checkpoint = False
+        if path is None:
+            raise TrainError(f"{self.run_dir}/global_step{step}: DeepSpeed could not load this checkpoint")
+        if state["world_size"] == self.world:
+            self.sampler.check_resume(state["sampler"])
+            rd.load_rng(self.run_dir, step, self.rank)
+        else:  # another data order and per-rank RNG streams, both a function of (seed, step, rank) for this world
+            self.sampler.check_resume({**state["sampler"], "world_size": self.world})
+            seed_rank_stream(self.cfg.train.seed, self.rank, step)
+        # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
+        # schedule, so set it from this config's (for an ordinary resume this is the same value).
+        for group, base in zip(self.scheduler.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * lr_factor(step, self.cfg)
+        return state["step"], state["tokens"], state.get("bad_steps", 0)
