@@ -130,3 +130,21 @@ def test_fan_in_init_is_haikus_truncated_normal() -> None:
     w2 = model.stack.sublayers[0].layer.ffn_out.weight.detach()  # fan_in 1024 → 1/32
     assert abs(float(w2.std()) - 1 / 32) < 0.002
     assert abs(float(model.embed.table.weight.detach().std()) - 0.02) < 0.01  # embeddings keep init_std
+
+
+@pytest.mark.parametrize("c, k, train_length", [(4, 4, 64), (8, 4, 64), (4, 1, 64), (2, 3, 16)])
+def test_depth_train_reach_is_k_times_the_chain_of_one_step(c: int, k: int, train_length: int) -> None:
+    """Under `train` the last prediction of a 400-token input depends on exactly the last K·(C^L − 1) + 1 tokens,
+    L = ceil(log_C T_train): each of the K sub-layers of depth step l reads C keys C^l apart, so a step reaches
+    K·(C − 1)·C^l back (hand count: C = 4, K = 4, T_train = 64: 4·63 + 1 = 253 tokens, not C^L = 64)."""
+    model = _model(c, k, policy="train", train_length=train_length)
+    depth = next(n for n in range(1, 20) if c ** n >= train_length)  # ceil(log_C T_train), in integers
+    reach = k * (c ** depth - 1) + 1
+    emb = model.embed(torch.randint(0, 23, (1, 400))).detach().requires_grad_(True)
+    handle = model.embed.register_forward_hook(lambda mod, inp, out: emb)  # the model reads our leaf
+    try:
+        model(torch.zeros(1, 400, dtype=torch.long))[0, -1].sum().backward()
+    finally:
+        handle.remove()
+    depends = (emb.grad[0].abs().sum(-1) > 0).nonzero().flatten()
+    assert int(depends.min()) == 400 - reach and len(depends) == reach, (int(depends.min()), len(depends))

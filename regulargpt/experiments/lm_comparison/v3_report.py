@@ -105,7 +105,10 @@ def _budgets(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest:
 
 def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest: int) -> list[str]:
     lines = ["### RegularGPT under `depth_policy=train` against a 64-token window (issue 28)", "",
-             f"Under `train` every position sees exactly the last C^L_train = {t} tokens. The windowed baselines "
+             f"Under `train` the depth is fixed at L_train = ceil(log_C {t}), so the reach is too: each of the K "
+             f"sub-layers of depth step l reads C keys C^l apart, so the last prediction reads the last "
+             f"K·(C^L_train − 1) + 1 tokens (253 for C = 4 and C = 8 with K = 4 at T = {t}; {t} with K = 1) and "
+             "nothing older (tests/test_regular_gpt_knobs.py). The windowed baselines "
              "(`model.window=64`, NoPE and RoPE, 4 layers = equal parameters, 12 = equal layer applications) see "
              "the last 64 keys per layer (the last prediction reaches n_layers·63 + 1 tokens back); at W = T_train "
              "they train exactly as the unwindowed models. Paired gaps of the row to each window (> 0 = the row is "
