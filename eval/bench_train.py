@@ -175,8 +175,8 @@ def main() -> None:
         f"Machine: {machine()}, torch threads {args.threads}, device {args.device}  ",
         f"Date: {utc_date()}  ",
         f"{args.steps} timed steps after {args.warmup} warm-up steps, random tokens; each model's fastest of "
-        f"{args.rounds} rounds over the whole list. MFU against the {args.dtype} matmul peak, **{peak:.0f} GFLOP/s** "
-        f"(the higher of {peaks[0]:.0f} measured before and {peaks[1]:.0f} after the runs). "
+        f"{args.rounds} rounds over the whole list. MFU against the {args.dtype} matmul peak, **{peak:.3g} GFLOP/s** "
+        f"(the higher of {peaks[0]:.3g} measured before and {peaks[1]:.3g} after the runs). "
         "Peak memory: RSS (VmHWM) on CPU, allocated on CUDA. "
         "'RegularGPT / this' = RegularGPT's tokens/s over this model's (the RegularGPT row of the same config). "
         "'equal' says what the baseline shares with RegularGPT: `applications` = as many layers as RegularGPT's "
