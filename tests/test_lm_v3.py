@@ -148,3 +148,19 @@ def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_20
     before = {r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns for r in plan.trainings()}
     assert study.train_all(plan) == []  # resumed: nothing trains again
     assert before == {r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns for r in plan.trainings()}
+
+
+def test_a_paired_gap_reports_its_mean_and_per_seed_range_by_hand() -> None:
+    from regulargpt.evaluation.lm_findings import Summary
+    from regulargpt.experiments.lm_comparison.v3_report import _mean_gap
+
+    table = {("rg", "train"): Summary("rg", "train", {64: {0: 60.0, 1: 66.0, 2: 70.0}}),
+             ("w", "adaptive"): Summary("w", "adaptive", {64: {0: 50.0, 1: 50.0}})}
+    gap = _mean_gap(table, ("rg", "train"), ("w", "adaptive"), 64)  # seeds 0, 1 only: +20% and +32%
+    assert gap is not None and gap.n == 2
+    assert all(math.isclose(a, b) for a, b in zip((gap.mean, gap.lo, gap.hi), (26.0, 20.0, 32.0)))
+    assert gap.spread == "n=2, seeds +20.0 … +32.0%"
+    assert _mean_gap(table, ("rg", "train"), ("w", "adaptive"), 128) is None
+    one = _mean_gap({**table, ("w", "adaptive"): Summary("w", "adaptive", {64: {0: 50.0}})},
+                    ("rg", "train"), ("w", "adaptive"), 64)
+    assert one is not None and one.spread == "n=1"

@@ -6,6 +6,7 @@ README is v2's (:mod:`.report`)."""
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,17 +24,32 @@ from regulargpt.experiments.lm_comparison.plans import (
 )
 from regulargpt.experiments.lm_comparison.stages import receptive_field_dir
 
-__all__ = ["budget_suffixes", "v3_sections"]
+__all__ = ["Gap", "budget_suffixes", "v3_sections"]
 
 _RG = ("regular_gpt", "rg_c8")
 
 
+class Gap(NamedTuple):
+    """Paired gaps of a row to a reference at one length, in %: their mean, seed count and range."""
+    mean: float
+    n: int
+    lo: float
+    hi: float
+
+    @property
+    def spread(self) -> str:
+        """The per-seed range when there are several seeds, e.g. "n=2, seeds +37.0 … +41.8%"; "n=1" otherwise."""
+        return f"n={self.n}, seeds {self.lo:+.1f} … {self.hi:+.1f}%" if self.n > 1 else "n=1"
+
+
 def _mean_gap(table: dict[tuple[str, str], Summary], row: tuple[str, str], ref: tuple[str, str],
-              length: int) -> tuple[float, int] | None:
+              length: int) -> Gap | None:
+    """ppl_row / ppl_ref − 1 (in %) over the seeds both have. Worked example: seeds 0 and 1 with ppl 60, 66 against
+    50, 50 give Gap(mean=26.0, n=2, lo=20.0, hi=32.0)."""
     if row not in table or ref not in table:
         return None
-    gaps = table[row].paired(table[ref], length)
-    return (100 * float(np.mean(gaps)), len(gaps)) if gaps else None
+    gaps = [100 * g for g in table[row].paired(table[ref], length)]
+    return Gap(float(np.mean(gaps)), len(gaps), min(gaps), max(gaps)) if gaps else None
 
 
 def _noise(table: dict[tuple[str, str], Summary], row: tuple[str, str], ref: tuple[str, str], length: int) -> str:
@@ -56,14 +72,14 @@ def _equal_compute(table: dict[tuple[str, str], Summary], t: int, longest: int) 
         params = _mean_gap(table, (rg, "adaptive"), ("alibi", "adaptive"), t)
         compute = _mean_gap(table, (rg, "adaptive"), (V3_EQUAL_COMPUTE["alibi"], "adaptive"), t)
         if params and compute:
-            word = "larger" if compute[0] > params[0] else "smaller"
-            lines.append(f"- **{rg}** at 1×: {params[0]:+.1f}% to ALiBi at equal parameters (n={params[1]}), "
-                         f"{compute[0]:+.1f}% to ALiBi-12 at equal compute (n={compute[1]}): the gap is {word} at "
-                         f"equal compute by {abs(compute[0] - params[0]):.1f} points.")
+            word = "larger" if compute.mean > params.mean else "smaller"
+            lines.append(f"- **{rg}** at 1×: {params.mean:+.1f}% to ALiBi at equal parameters ({params.spread}), "
+                         f"{compute.mean:+.1f}% to ALiBi-12 at equal compute ({compute.spread}): the gap is {word} at "
+                         f"equal compute by {abs(compute.mean - params.mean):.1f} points.")
     for small, big in V3_EQUAL_COMPUTE.items():
         gain = _mean_gap(table, (big, "adaptive"), (small, "adaptive"), t)
         if gain:
-            lines.append(f"- **{big}** vs **{small}** at 1×: {gain[0]:+.1f}% (n={gain[1]}): what 12 layers buy the "
+            lines.append(f"- **{big}** vs **{small}** at 1×: {gain.mean:+.1f}% ({gain.spread}): what 12 layers buy the "
                          f"baseline at this budget.")
     return lines
 
@@ -119,15 +135,15 @@ def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest:
     for rg in _RG:
         for w in V3_WINDOWS[:2]:  # the equal-parameter windows
             gaps = [(L, _mean_gap(table, (rg, "train"), (w, "adaptive"), L)) for L in (t, longest)]
-            said = [f"{'worse' if g[0] > 0 else 'better'} by {abs(g[0]):.1f}% at {L // t}× (n={g[1]})"
+            said = [f"{'worse' if g.mean > 0 else 'better'} by {abs(g.mean):.1f}% at {L // t}× ({g.spread})"
                     + _noise(table, (rg, "train"), (w, "adaptive"), L) for L, g in gaps if g]
             if said:
                 lines.append(f"- **{rg} (train) vs {w}**: " + ", ".join(said) + ".")
     for w in V3_WINDOWS:
         beat = _mean_gap(table, ("alibi", "adaptive"), (w, "adaptive"), t)
         if beat:
-            lines.append(f"- **ALiBi vs {w} at 1×**: {beat[0]:+.1f}% (n={beat[1]}): ALiBi "
-                         f"{'beats' if beat[0] < 0 else 'does not beat'} the window"
+            lines.append(f"- **ALiBi vs {w} at 1×**: {beat.mean:+.1f}% ({beat.spread}): ALiBi "
+                         f"{'beats' if beat.mean < 0 else 'does not beat'} the window"
                          f"{_noise(table, ('alibi', 'adaptive'), (w, 'adaptive'), t)}.")
     for w in V3_WINDOWS:
         if (w, "adaptive") in table and table[(w, "adaptive")].ratio(t, longest):
