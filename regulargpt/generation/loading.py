@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from regulargpt.data import DataError, Tokenizer, check_tokenizer
-from regulargpt.evaluation.length_sweep import RunInfo, load_run, training_tokenizer_sha
+from regulargpt.evaluation.scored_run import RunInfo, load_run, training_tokenizer_sha
 from regulargpt.generation.errors import GenerationError
 
 __all__ = ["DTYPES", "data_folder", "load_model", "find_tokenizer"]

@@ -32,7 +32,7 @@ from regulargpt.config import Config, config_to_dict
 from regulargpt.data import Tokenizer, load_manifest
 from regulargpt.errors import UserError
 from regulargpt.evaluation.lm_report import load_rows
-from regulargpt.evaluation.length_sweep import RunInfo
+from regulargpt.evaluation.scored_run import RunInfo
 from regulargpt.files import atomic_write_text
 from regulargpt.generation.loading import data_folder, find_tokenizer
 from regulargpt.hf.configuration import RegularGPTConfig

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from regulargpt.config import Config, config_to_dict
-from regulargpt.evaluation.length_sweep import run_variant, variant_id
+from regulargpt.evaluation.scored_run import run_variant, variant_id
 from regulargpt.evaluation.perplexity import model_label
 from regulargpt.files import read_jsonl
 from regulargpt.provenance import provenance
