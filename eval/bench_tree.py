@@ -33,13 +33,14 @@ MODES = ("sliding", "tree")
 
 
 def training_step(model: torch.nn.Module, mode: str, tokens: torch.Tensor, labels: torch.Tensor) -> Callable[[], None]:
-    """One classifier step (forward, backward, Adam) in `mode`, with its own optimizer."""
+    """One classifier step (forward, backward, Adam) in `mode`, with its own optimizer: tree mode is the
+    classifier's forward (what training runs), sliding mode the same weights' sliding stack read at the last
+    position."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step() -> None:
-        x = model.embed(tokens)
-        state = model.stack.tree(x) if mode == "tree" else model.stack.sliding(x)[:, -1]
-        loss = F.cross_entropy(model.head(state), labels)
+        logits = model(tokens) if mode == "tree" else model.head(model.stack.sliding(model.embed(tokens))[:, -1])
+        loss = F.cross_entropy(logits, labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
