@@ -89,9 +89,9 @@ def main() -> None:
         f"Git commit: {git_commit()}  ",
         f"Machine: {machine()}, torch threads {args.threads}  ",
         f"Date: {utc_date()}  ",
-        f"Model: C={cfg.model.chunk_size}, K={cfg.model.thickness}, d={cfg.model.d_model}, heads={cfg.model.n_heads}; "
-        f"batch {args.batch}; median (and min) of {args.reps} steps per mode after {args.warmup} warm-up steps, "
-        "the modes' steps interleaved; speed-up = ratio of the medians.",
+        (f"Model: C={cfg.model.chunk_size}, K={cfg.model.thickness}, d={cfg.model.d_model}, heads={cfg.model.n_heads}; "
+         f"batch {args.batch}; median (and min) of {args.reps} steps per mode after {args.warmup} warm-up steps, "
+         "the modes' steps interleaved; speed-up = ratio of the medians."),
         "",
         "| T | sliding (ms) | tree (ms) | speed-up | sliding min (ms) | tree min (ms) |",
         "|---|---|---|---|---|---|",

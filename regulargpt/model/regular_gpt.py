@@ -261,9 +261,10 @@ class RegularGPTStack(nn.Module):
         q, k, v are projected once per table row and gathered per chunk; the query is the chunk's last slot. Keys a
         chunk lacks (t' < C, mask mode) are masked by `chunk_attention`; learned pads are rows of the table."""
         sub = self.sublayers[0]
-        layer, (m, width), d = sub.layer, rows.shape, table.shape[-1]
+        layer, d = sub.layer, table.shape[-1]
         qkv = F.embedding(rows, layer.qkv(layer.norm1(table) if layer.pre_norm else table))  # (m, t', 3d)
-        q, k, v = (layer._split_heads(part) for part in (qkv[:, -1:, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:]))
+        q, k, v = qkv.split(d, dim=-1)  # one cat joins their gradients
+        q, k, v = (layer._split_heads(part) for part in (q[:, -1:], k, v))
         a = chunk_attention(q, k, v, sub.rel_bias, None, None)  # (m, H, 1, Dh)
         return layer.from_attention(F.embedding(rows[:, -1:], table), a)[:, 0]  # (m, 1, d) → (m, d)
 

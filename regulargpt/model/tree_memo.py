@@ -82,8 +82,10 @@ def memoized_tree(states: Tensor, ids: Tensor, depth: int, chunk_size: int, pad:
         n, t = states.shape[0], ids.shape[1]
         nc = -(-t // chunk_size)
         first = t - (nc - 1) * chunk_size  # real positions in chunk 0
-        table = states if pad is None else torch.cat([states, pad[None]])  # (n or n + 1, d)
-        if first == chunk_size or pad is not None:
+        table = states if pad is None or first == chunk_size else torch.cat([states, pad[None]])  # (n or n + 1, d)
+        if first == chunk_size:
+            groups = [ids.reshape(b * nc, chunk_size)]
+        elif pad is not None:
             groups = [F.pad(ids, (chunk_size - first, 0), value=n).view(b * nc, chunk_size)]
         else:
             groups = [ids[:, :first]] + ([ids[:, first:].reshape(b * (nc - 1), chunk_size)] if nc > 1 else [])
