@@ -249,8 +249,13 @@ class RegularGPTStack(nn.Module):
                              self._tree_rest)
 
     def _tree_rest(self, x: Tensor, steps: int) -> Tensor:
-        """The last `steps` tree-mode depth steps on x (B, t, d) → (B, d) (`tree_memoized`'s fallback)."""
-        pads = batch_pads(self.pad_states(), x.shape[0])
+        """The last `steps` tree-mode depth steps on x (B, t, d) → (B, d) (`tree_memoized`'s fallback); the pad
+        pass runs only if one of those steps has a partial chunk (t mod C ≠ 0), the only place pads are read."""
+        lengths = [x.shape[1]]
+        for _ in range(steps - 1):
+            lengths.append(-(-lengths[-1] // self.chunk_size))
+        padded = any(t % self.chunk_size for t in lengths)
+        pads = batch_pads(self.pad_states(), x.shape[0]) if padded else [None] * self.thickness
         for _ in range(steps):
             x = self._tree_step(x, pads)
         return x[:, 0]
