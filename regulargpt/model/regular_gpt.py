@@ -335,7 +335,10 @@ class RegularGPTClassifier(_RegularGPTBase):
         once (`RegularGPTStack.tree_memoized`: the same logits and parameter gradients, less work); otherwise
         `forward_every_sequence`. ``embed`` then sees the distinct tokens (n,), not (B, T)."""
         if self.stack.thickness == 1 and not (self.training and self.config.dropout > 0):
-            distinct, ids = distinct_rows(tokens.reshape(-1, 1), self.config.vocab_size)  # (n, 1), (B·T,)
+            vocab = self.config.vocab_size
+            if vocab <= tokens.numel():  # the whole table: a formal language's few symbols
+                return self.head(self.stack.tree_memoized(self.embed(torch.arange(vocab, device=tokens.device)), tokens))
+            distinct, ids = distinct_rows(tokens.reshape(-1, 1), vocab)  # (n, 1), (B·T,)
             return self.head(self.stack.tree_memoized(self.embed(distinct[:, 0]), ids.view(tokens.shape)))
         return self.forward_every_sequence(tokens)
 
