@@ -184,15 +184,17 @@ def _loss_and_grads(model, logits_fn, tokens, labels):
 def test_memoized_tree_has_the_loss_and_gradients_of_the_every_sequence_tree(c, pad, norm, kernel, monkeypatch):
     """The classifier's forward (each distinct chunk computed once) against forward_every_sequence (every sequence
     computed), logits and every parameter's gradient, fp64: vocabulary 2 (few distinct chunks, the
-    memoised steps run to the end) and 17 (the per-position fallback takes over after a step or two)."""
+    memoised steps run to the end) and 17 (the per-position fallback takes over after a step or two); batch 4
+    with fewer tokens than the vocabulary embeds only the distinct ones."""
     if kernel == "torch":  # chunk_attention's PyTorch path, as on a machine where the C++ operator does not build
         monkeypatch.setattr("regulargpt.model.regular_gpt.fused_algorithm", lambda device: None)
-    for vocab in (2, 17):
+    for vocab, batch, lengths in [(2, 24, (1, 2, c + 1, 10, c**3, c**3 + 1, 41)),
+                                  (17, 24, (1, 2, c + 1, 10, c**3, c**3 + 1, 41)), (17, 4, (1, 2, 3))]:
         cfg = _cfg("regular_gpt", head="classifier", num_classes=3, vocab_size=vocab, chunk_size=c, thickness=1,
                    pad=pad, norm=norm)
         model = build_model(cfg).double()
-        for t in (1, 2, c + 1, 10, c**3, c**3 + 1, 41):
-            tokens, labels = torch.randint(0, vocab, (24, t)), torch.randint(0, 3, (24,))
+        for t in lengths:
+            tokens, labels = torch.randint(0, vocab, (batch, t)), torch.randint(0, 3, (batch,))
             memo = _loss_and_grads(model, lambda: model(tokens), tokens, labels)
             full = _loss_and_grads(model, lambda: model.forward_every_sequence(tokens), tokens, labels)
             for a, b in zip(memo, full):
