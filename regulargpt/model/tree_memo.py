@@ -6,10 +6,11 @@ which only the first chunk of a sequence has (all sequences of a batch share one
 is carried as a table of distinct states and an index into it, x = states[ids], and each step runs the layer once
 per distinct chunk:
 
-    step over ids (B, t) into states (n, d), nc = ceil(t/C), first = t − (nc−1)·C:
-      chunk 0 = ids[:, :first]  (B, first);   chunks 1.. = ids[:, first:] as (B·(nc−1), C)
-      distinct chunks of each group (`distinct_rows`) → run the layer on states[distinct] as short sequences
-      → new states (m0 + m1, d), new ids (B, nc)
+    step over ids (B, t) into states (n, d), nc = ceil(t/C), first = t − (nc−1)·C real positions in chunk 0:
+      learned pad: the pad is table row n, chunk 0 is left-filled with it → one group (B·nc, C)
+      mask mode:   chunk 0 = ids[:, :first] (B, first) and chunks 1.. = ids[:, first:] as (B·(nc−1), C)
+      distinct chunks of each group (`distinct_rows`) → the layer once per distinct chunk (q, k, v once per
+      table row) → new states (Σm, d), new ids (B, nc)
 
 Worked example (parity, vocabulary {0, 1}, C = 2, batch 128, T = 40): the 5,120 input rows are 2 distinct
 states; step 0 meets at most 4 distinct chunks (instead of 2,560 rows), step 1 at most 16, step 2 at most 256 (of
