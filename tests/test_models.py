@@ -171,6 +171,70 @@ def test_tree_steps_yield_the_kept_states_of_every_step(k):
                                                                                                          atol=1e-10)
 
 
+def _loss_and_grads(model, logits_fn, tokens, labels):
+    model.zero_grad()
+    logits = logits_fn()
+    F.cross_entropy(logits, labels).backward()
+    return [logits.detach()] + [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("c,pad,norm", [(2, "learned", "post"), (2, "mask", "pre"), (3, "learned", "pre"),
+                                        (3, "mask", "post"), (4, "learned", "post")])
+@pytest.mark.parametrize("kernel", ["auto", "torch"])
+def test_memoized_tree_has_the_loss_and_gradients_of_the_every_sequence_tree(c, pad, norm, kernel, monkeypatch):
+    """The classifier's forward (each distinct chunk computed once) against forward_every_sequence (every sequence
+    computed), logits and every parameter's gradient, fp64: vocabulary 2 (few distinct chunks, the
+    memoised steps run to the end) and 17 (the per-position fallback takes over after a step or two); batch 4
+    with fewer tokens than the vocabulary embeds only the distinct ones."""
+    if kernel == "torch":  # chunk_attention's PyTorch path, as on a machine where the C++ operator does not build
+        monkeypatch.setattr("regulargpt.model.regular_gpt.fused_algorithm", lambda device: None)
+    for vocab, batch, lengths in [(2, 24, (1, 2, c + 1, 10, c**3, c**3 + 1, 41)),
+                                  (17, 24, (1, 2, c + 1, 10, c**3, c**3 + 1, 41)), (17, 4, (1, 2, 3))]:
+        cfg = _cfg("regular_gpt", head="classifier", num_classes=3, vocab_size=vocab, chunk_size=c, thickness=1,
+                   pad=pad, norm=norm)
+        model = build_model(cfg).double()
+        for t in lengths:
+            tokens, labels = torch.randint(0, vocab, (batch, t)), torch.randint(0, 3, (batch,))
+            memo = _loss_and_grads(model, lambda: model(tokens), tokens, labels)
+            full = _loss_and_grads(model, lambda: model.forward_every_sequence(tokens), tokens, labels)
+            for a, b in zip(memo, full):
+                assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), (vocab, t)
+
+
+def test_memoized_tree_computes_fewer_rows_and_is_skipped_under_dropout():
+    """Parity-sized input (vocabulary 2, C = 2, T = 40, batch 64): the memoised forward passes far fewer rows
+    through the FFN than the per-position tree (whose step 0 alone has 64 · 20 = 1,280); with dropout in training
+    the forward is the per-position tree, draw for draw."""
+    cfg = _cfg("regular_gpt", head="classifier", num_classes=2, vocab_size=2, chunk_size=2, thickness=1)
+    model = build_model(cfg)
+    rows: list[int] = []
+    hook = model.stack.sublayers[0].layer.ffn_in.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1].numel()))
+    tokens = torch.randint(0, 2, (64, 40))
+    model(tokens)
+    memo_rows, rows[:] = sum(rows), []
+    model.forward_every_sequence(tokens)
+    assert sum(rows) == 1 + 64 * (20 + 10 + 5 + 3 + 2 + 1) and memo_rows < sum(rows) / 3, (memo_rows, sum(rows))
+    hook.remove()
+    dropped = build_model(_cfg("regular_gpt", head="classifier", num_classes=2, vocab_size=2, chunk_size=2,
+                               thickness=1, dropout=0.3))
+    torch.manual_seed(1)
+    out = dropped(tokens)
+    torch.manual_seed(1)
+    assert torch.equal(out, dropped.forward_every_sequence(tokens))
+
+
+@pytest.mark.parametrize("base,width,rows", [(3, 2, 50), (40, 3, 200), (2**40, 2, 30), (7, 5, 2000)])
+def test_distinct_rows_against_a_set(base, width, rows):
+    """Counted keys (small range), sorted keys (large range) and the compaction that keeps a 40-bit base from
+    overflowing int64: distinct rows in key order and rows == distinct[inverse]."""
+    from regulargpt.model.tree_memo import distinct_rows
+    g = torch.Generator().manual_seed(base % 1000 + width)
+    values = torch.randint(0, min(base, 5), (rows, width), generator=g) * (base // min(base, 5))
+    distinct, inverse = distinct_rows(values, base)
+    assert sorted(map(tuple, distinct.tolist())) == sorted(set(map(tuple, values.tolist())))
+    assert distinct.tolist() == sorted(distinct.tolist()) and torch.equal(distinct[inverse], values)
+
+
 def test_adaptive_depth_follows_the_input_length():
     model = build_model(_cfg("regular_gpt", chunk_size=2, thickness=1))
     calls = []

@@ -144,7 +144,8 @@ def input_gradient_norms(model: nn.Module, tokens: Tensor, targets: Tensor) -> T
     handle = model.embed.register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
         with torch.enable_grad():
-            logits = model(tokens)
+            # a RegularGPT classifier's forward embeds each distinct token once: run it per position instead
+            logits = model.forward_every_sequence(tokens) if isinstance(model, RegularGPTClassifier) else model(tokens)
             if logits.dim() == 3:  # language model: only the last position's next-token prediction
                 logits = logits[:, -1]  # (B, V)
             # fp64 loss: a confident trained model's p − y would round to exact zeros in fp32

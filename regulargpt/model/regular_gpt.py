@@ -18,6 +18,8 @@ Two execution modes over the same weights:
   which is exactly what left-padding with p to a multiple of C gives. After L steps one position is left.
   Work is geometric: O(T·C·d·K) in total. With K = 1 only the kept positions are computed: each attends to its
   own chunk of C keys (:func:`chunk_attention`), so queries, output projection and FFN run on T/C rows per step.
+  The classifier's forward then also computes each distinct chunk of the batch once (`tree_memo`): with a small
+  vocabulary most chunks of the first steps repeat (parity, T = 40, batch 128: 4 distinct chunks at step 0).
 
 The last position of sliding mode equals the tree-mode output (tested).
 
@@ -33,6 +35,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from regulargpt.config import ModelConfig
@@ -40,6 +43,7 @@ from regulargpt.model.layers import OutputHead, TokenEmbedding, TransformerLayer
 from regulargpt.model.position import alibi_slopes
 from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.sliding_dilated import adaptive_depth, autocast_inputs, fused_algorithm, sliding_dilated_attention
+from regulargpt.model.tree_memo import distinct_rows, memoized_tree
 
 __all__ = ["RegularGPTStack", "RegularGPT", "RegularGPTClassifier", "batch_pads", "chunk_attention", "init_rel_bias",
            "last_of_each_chunk"]
@@ -217,12 +221,15 @@ class RegularGPTStack(nn.Module):
         """
         pads = batch_pads(self.pad_states(), x.shape[0])
         for _ in range(self.depth(x.shape[1])):
-            keep = last_of_each_chunk(x.shape[1], self.chunk_size)
-            if self.thickness == 1 and not every_position:
-                x = self._kept_only(x, keep, pads[0])  # (B, ceil(t/C), d)
-            else:
-                x = self.step(x, 1, pads)[:, keep]  # (B, t, d) → (B, ceil(t/C), d)
+            x = self._tree_step(x, pads, every_position)
             yield x
+
+    def _tree_step(self, x: Tensor, pads: list[PadKV | None], every_position: bool = False) -> Tensor:
+        """One tree-mode depth step (B, t, d) → (B, ceil(t/C), d); `pads` expanded to x's batch (`batch_pads`)."""
+        keep = last_of_each_chunk(x.shape[1], self.chunk_size)
+        if self.thickness == 1 and not every_position:
+            return self._kept_only(x, keep, pads[0])
+        return self.step(x, 1, pads)[:, keep]
 
     def tree(self, x: Tensor) -> Tensor:
         """(B, T, d) → (B, d): the state of the last position, computing only the positions that feed it."""
@@ -230,6 +237,41 @@ class RegularGPTStack(nn.Module):
             pass
         assert x.shape[1] == 1, "adaptive depth must reduce the sequence to one position"
         return x[:, 0]
+
+    def tree_memoized(self, states: Tensor, ids: Tensor) -> Tensor:
+        """Tree mode over x = states[ids] without building x: states (n, d), ids (B, T) → (B, d), equal to
+        ``tree(states[ids])`` up to fp32 summation order; every distinct chunk is computed once (`memoized_tree`).
+        K = 1 only, and only where equal rows give equal outputs (no active dropout)."""
+        if self.thickness != 1:
+            raise ValueError(f"tree_memoized needs thickness 1 (a chunk's state depends on its chunk alone); got "
+                             f"{self.thickness}")
+        return memoized_tree(states, ids, self.depth(ids.shape[1]), self.chunk_size, self.pad, self._chunk_step,
+                             self._tree_rest)
+
+    def _tree_rest(self, x: Tensor, steps: int) -> Tensor:
+        """The last `steps` tree-mode depth steps on x (B, t, d) → (B, d) (`tree_memoized`'s fallback); the pad
+        pass runs only if one of those steps has a partial chunk (t mod C ≠ 0), the only place pads are read."""
+        lengths = [x.shape[1]]
+        for _ in range(steps - 1):
+            lengths.append(-(-lengths[-1] // self.chunk_size))
+        padded = any(t % self.chunk_size for t in lengths)
+        pads = batch_pads(self.pad_states(), x.shape[0]) if padded else [None] * self.thickness
+        for _ in range(steps):
+            x = self._tree_step(x, pads)
+        return x[:, 0]
+
+    def _chunk_step(self, table: Tensor, rows: Tensor) -> Tensor:
+        """One K = 1 depth step on the chunk sequences table[rows]: table (n, d), rows (m, t' <= C) → (m, d).
+
+        q, k, v are projected once per table row and gathered per chunk; the query is the chunk's last slot. Keys a
+        chunk lacks (t' < C, mask mode) are masked by `chunk_attention`; learned pads are rows of the table."""
+        sub = self.sublayers[0]
+        layer, d = sub.layer, table.shape[-1]
+        qkv = F.embedding(rows, layer.qkv(layer.norm1(table) if layer.pre_norm else table))  # (m, t', 3d)
+        q, k, v = qkv.split(d, dim=-1)  # one cat joins their gradients
+        q, k, v = (layer._split_heads(part) for part in (q[:, -1:], k, v))
+        a = chunk_attention(q, k, v, sub.rel_bias, None, None)  # (m, H, 1, Dh)
+        return layer.from_attention(F.embedding(rows[:, -1:], table), a)[:, 0]  # (m, 1, d) → (m, d)
 
     def _kept_only(self, x: Tensor, keep: slice, pad_kv: PadKV | None) -> Tensor:
         """One depth step of a K = 1 stack computed at the kept positions only; pad_kv each (B, H, Dh) or None."""
@@ -289,10 +331,25 @@ class RegularGPTClassifier(_RegularGPTBase):
         super().__init__(cfg, cfg.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """With K = 1 and no active dropout each distinct token is embedded once and each distinct chunk computed
+        once (`RegularGPTStack.tree_memoized`: the same logits and parameter gradients, less work); otherwise
+        `forward_every_sequence`. ``embed`` then sees the distinct tokens (n,), not (B, T)."""
+        if self.stack.thickness == 1 and not (self.training and self.config.dropout > 0):
+            vocab = self.config.vocab_size
+            if vocab <= tokens.numel():  # the whole table: a formal language's few symbols
+                return self.head(self.stack.tree_memoized(self.embed(torch.arange(vocab, device=tokens.device)), tokens))
+            distinct, ids = distinct_rows(tokens.reshape(-1, 1), vocab)  # (n, 1), (B·T,)
+            return self.head(self.stack.tree_memoized(self.embed(distinct[:, 0]), ids.view(tokens.shape)))
+        return self.forward_every_sequence(tokens)
+
+    def forward_every_sequence(self, tokens: Tensor) -> Tensor:
+        """Tree mode over every sequence, (B, T) → (B, classes): for probes that read per-position tensors (the
+        embeddings' gradient, hooks), and the reference of the memoised forward."""
         return self.head(self.stack.tree(self.embed(tokens)))
 
     def flops_per_token(self, length: int) -> int:
-        """Training FLOPs per input token in tree mode: step l touches ceil(T/C^l) positions (geometric sum)."""
+        """Training FLOPs per input token in tree mode: step l touches ceil(T/C^l) positions (geometric sum). Counts
+        `forward_every_sequence`; the memoised forward does less wherever chunks repeat across the batch."""
         per_app, _ = self._matmul_flops_per_position(length)
         c, positions, t = self.config.chunk_size, 0, length
         for _ in range(self.stack.depth(length)):
