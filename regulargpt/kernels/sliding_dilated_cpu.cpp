@@ -27,6 +27,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/strides.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
@@ -172,13 +173,20 @@ class Pool {
   size_t cached_ = 0;
 };
 
-at::Tensor output(const at::Tensor& layout, const at::TensorOptions& options) {  // empty_like(layout, options)
+at::Tensor output(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
   constexpr size_t kPooledBytes = size_t(1) << 20;
-  const at::Tensor meta = at::empty_like(layout, options.device(at::kMeta));  // the sizes and strides only
-  const size_t bytes = at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), meta.dtype().itemsize());
-  if (bytes < kPooledBytes) return at::empty_strided(meta.sizes(), meta.strides(), options);
-  return at::from_blob(Pool::get().take(bytes), meta.sizes(), meta.strides(),
-                       [bytes](void* p) { Pool::get().give(p, bytes); }, options);
+  const size_t bytes = at::detail::computeStorageNbytes(sizes, strides, options.dtype().itemsize());
+  if (bytes < kPooledBytes) return at::empty_strided(sizes, strides, options);
+  return at::from_blob(Pool::get().take(bytes), sizes, strides, [bytes](void* p) { Pool::get().give(p, bytes); },
+                       options);
+}
+
+at::Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {  // contiguous
+  return output(sizes, c10::contiguous_strides(sizes), options);
+}
+
+at::Tensor output_like(const at::Tensor& x) {  // empty_like(x): x's layout when dense, else contiguous
+  return x.is_non_overlapping_and_dense() ? output(x.sizes(), x.strides(), x.options()) : output(x.sizes(), x.options());
 }
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rel_bias,
@@ -315,9 +323,8 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
   const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  const auto meta = q.options().device(at::kMeta);
-  at::Tensor out = output(at::empty({g.B, g.Tq, g.H, g.Dh}, meta), q.options());
-  at::Tensor probs = output(at::empty({g.B, g.Tq, g.H, g.C}, meta), q.options().dtype(acc_type));
+  at::Tensor out = output({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor probs = output({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
   const at::Tensor r = rel_bias.to(acc_type).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
     using A = Acc<scalar_t>;
@@ -341,7 +348,7 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   probs = probs.to(acc_type).contiguous();
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
-  at::Tensor dq = output(q, q.options()), dk = output(k, k.options()), dv = output(v, v.options());
+  at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.per_batch(), width = HC + 2 * HD;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
