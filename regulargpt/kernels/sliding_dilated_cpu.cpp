@@ -13,11 +13,12 @@
 // when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16 widened,
 // sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use hits that
 // ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache sets). One
-// row holds all H heads; the rows kAhead positions on are prefetched (the H heads are H streams per tensor, more than
-// the hardware prefetcher follows). Work units are fixed ranges of the steps of one tile, independent of the thread
-// count; a unit first fills the ring with the C - 1 steps before its own. The backward does one pass per unit: the
-// queries of steps [lo, hi + C - 1) (the last C - 1 steps recomputed, not owned) leave dS and P in the ring, and the
-// keys of step u - C + 1 collect from them. dr and dpad are per-unit partial sums, reduced once in unit order: no
+// row holds all H heads, H separate pieces of a (B, H, T, Dh) tensor: when G = D a tile reads whole blocks of
+// positions, so it first stages kStageRows rows head by head (one contiguous run per head, stage()); otherwise the
+// rows kAhead positions on are prefetched. Work units are fixed ranges of the steps of one tile, independent of the
+// thread count; a unit first fills the ring with the C - 1 steps before its own. The backward does one pass per unit:
+// the queries of steps [lo, hi + C - 1) (the last C - 1 steps recomputed, not owned) leave dS and P in the ring, and
+// the keys of step u - C + 1 collect from them. dr and dpad are per-unit partial sums, reduced once in unit order: no
 // atomics, a rerun is bit-identical, with any thread count. Out-of-range keys (u < j) only occur in a chain's first
 // C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key. The
 // forward saves the probabilities P (B, Tq, H, C) in the accumulation type: the backward reads C floats per (query,
@@ -44,7 +45,8 @@ namespace {
 
 using sdvec::Acc;
 constexpr int64_t kUnitRows = 256;          // positions per work unit (at least one step)
-constexpr int64_t kAhead = 4;              // rows are prefetched about this many positions ahead
+constexpr int64_t kStageRows = 32;         // rows read from memory per block, head by head (stage)
+constexpr int64_t kAhead = 4;              // else rows are prefetched about this many positions ahead
 constexpr int64_t kTileBytes = 128 << 10;   // the ring: 4 tensors x C steps x G rows, kept in L2
 
 template <typename T>
@@ -66,7 +68,8 @@ struct Tile {  // chains [s0, s0 + width), steps [lo, hi) of batch b
 };
 
 struct Geometry {
-  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, ahead, chain_max, G, steps, groups, parts;
+  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, stage_steps, ahead, chain_max, G, steps, groups, parts;
+  bool staged;  // G = D: each tile reads whole blocks of rows, so stage them head by head
   int64_t query(int64_t p) const {  // the query at position p, or -1
     const int64_t r = p - qs;
     if (step == 1) return r >= 0 && r < Tq ? r : -1;
@@ -122,6 +125,20 @@ void prefetch_ahead(const Geometry& g, const Inputs<T>& in, const Rows<const T>*
   prefetch(in.k, b, pa, g), prefetch(in.v, b, pa, g);
   if (i >= 0) prefetch(in.q, b, i, g);
   if (i >= 0 && dout) prefetch(*dout, b, i, g);
+}
+
+// The rows (all heads) of positions s0 + u*D + [0, width), u in [u0, u0 + n), into buf as row (u - u0)*G + c, in
+// the input type: head by head, so that each head's rows are read as runs of `width` rows (one run when G = D) rather
+// than H separate pieces per row. `queries`: the rows of the queries at those positions (none: left unwritten).
+template <typename T>
+Rows<const T> stage(const Rows<const T>& x, const Geometry& g, const Tile& t, int64_t u0, int64_t n, bool queries,
+                    T* buf) {
+  for (int64_t h = 0; h < g.H; ++h)
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t c = 0, p = t.s0 + (u0 + s) * g.D; c < t.width && p < g.T; ++c, ++p)
+        if (const int64_t r = queries ? g.query(p) : p; r >= 0)
+          std::copy_n(x.row(t.b, r) + h * x.sh, g.Dh, buf + ((s * g.G + c) * g.H + h) * g.Dh);
+  return {buf, 0, g.H * g.Dh, g.Dh};
 }
 
 // The key rows of the position at (u, c), from the ring block `block`: slot (u - j) % C of the last C steps, or the
@@ -212,7 +229,9 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t row_bytes = std::max<int64_t>(g.H * g.Dh * (q.scalar_type() == at::kDouble ? 8 : 4), 1);  // ring rows
   g.G = std::clamp<int64_t>(kTileBytes / (4 * g.C * row_bytes), 1, std::max<int64_t>(g.chains, 1));
   g.steps = std::max<int64_t>(kUnitRows / g.G, 1);
+  g.stage_steps = std::max<int64_t>(kStageRows / g.G, 1);
   g.ahead = (kAhead + g.G - 1) / g.G;
+  g.staged = g.G == g.chains;
   g.groups = (g.chains + g.G - 1) / g.G;
   g.parts = (g.chain_max + g.steps - 1) / g.steps;
   return g;
@@ -228,13 +247,22 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
   A *ring_k = ring.data(), *ring_v = ring_k + V;
   if (in.pads) widen(in.pk, b, 0, g, ring_k + S * HD), widen(in.pv, b, 0, g, ring_v + S * HD);
   std::vector<const A*> rows(C), x(C);
-  for (int64_t u = std::max<int64_t>(t.lo - (C - 1), 0), su = u % C; u < t.hi; ++u, su = su + 1 == C ? 0 : su + 1)
+  const int64_t first = std::max<int64_t>(t.lo - (C - 1), 0), block = g.stage_steps * g.G * HD;
+  std::vector<T> staged(g.staged ? 3 * block : 0);
+  Rows<const T> sk = in.k, sv = in.v, sq = in.q;  // staged: rows (u - u0)*G + c of `staged`
+  for (int64_t u = first, su = u % C, u0 = u; u < t.hi; ++u, su = su + 1 == C ? 0 : su + 1) {
+    if (g.staged && (u - first) % g.stage_steps == 0) {
+      const int64_t n = std::min(g.stage_steps, t.hi - u);
+      T* at = staged.data();
+      u0 = u, sk = stage(in.k, g, t, u, n, false, at), sv = stage(in.v, g, t, u, n, false, at + block);
+      sq = stage(in.q, g, t, u, n, true, at + 2 * block);
+    }
     for (int64_t c = 0, p = t.s0 + u * g.D; c < t.width && p < g.T; ++c, ++p) {
-      const int64_t slot = su * g.G + c, i = u >= t.lo ? g.query(p) : -1;
-      prefetch_ahead<T>(g, in, nullptr, b, p);
-      widen(in.k, b, p, g, ring_k + slot * HD), widen(in.v, b, p, g, ring_v + slot * HD);
+      const int64_t slot = su * g.G + c, i = u >= t.lo ? g.query(p) : -1, row = g.staged ? (u - u0) * g.G + c : p;
+      if (!g.staged) prefetch_ahead<T>(g, in, nullptr, b, p);
+      widen(sk, b, row, g, ring_k + slot * HD), widen(sv, b, row, g, ring_v + slot * HD);
       if (i < 0) continue;
-      widen(in.q, b, i, g, qbuf.data());  // a copy even in fp32: all heads' loads in flight at once
+      widen(sq, b, g.staged ? row : i, g, qbuf.data());  // a copy even in fp32: all heads' loads in flight at once
       const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
       A* pr = probs + (b * g.Tq + i) * HC;
       for (int64_t h = 0; h < g.H; ++h) {
@@ -254,6 +282,7 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
         sdvec::combine(out + (b * g.Tq + i) * HD + h * g.Dh, pr + h * C, x.data(), m, g.Dh);
       }
     }
+  }
   sdvec::store_fence();
 }
 
@@ -271,14 +300,24 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
   std::vector<int64_t> query(S, -1), from(C), column(C);
   A *dr = part, *dpk = part + HC, *dpv = dpk + HD;  // this unit's partial sums
   std::vector<const A*> rows(C), x(C), y(C);
-  for (int64_t u = std::max<int64_t>(t.lo - (C - 1), 0), su = u % C; u < t.hi + C - 1; ++u, su = su + 1 == C ? 0 : su + 1)
+  const int64_t first = std::max<int64_t>(t.lo - (C - 1), 0), end = t.hi + C - 1, block = g.stage_steps * g.G * HD;
+  std::vector<T> staged(g.staged ? 4 * block : 0);
+  Rows<const T> sk = in.k, sv = in.v, sq = in.q, sd = dout;  // staged: rows (u - u0)*G + c of `staged`
+  for (int64_t u = first, su = u % C, u0 = u; u < end; ++u, su = su + 1 == C ? 0 : su + 1) {
+    if (g.staged && (u - first) % g.stage_steps == 0) {
+      const int64_t n = std::min(g.stage_steps, end - u);
+      T* at = staged.data();
+      u0 = u, sk = stage(in.k, g, t, u, n, false, at), sv = stage(in.v, g, t, u, n, false, at + block);
+      sq = stage(in.q, g, t, u, n, true, at + 2 * block), sd = stage(dout, g, t, u, n, true, at + 3 * block);
+    }
     for (int64_t c = 0, p = t.s0 + u * g.D; c < t.width; ++c, ++p) {
       const int64_t slot = su * g.G + c, i = query[slot] = u >= t.lo && p < g.T ? g.query(p) : -1;
-      prefetch_ahead(g, in, &dout, b, p);
-      if (p < g.T) widen(in.k, b, p, g, ring_k + slot * HD), widen(in.v, b, p, g, ring_v + slot * HD);
+      const int64_t row = g.staged ? (u - u0) * g.G + c : p, qrow = g.staged ? row : i;
+      if (!g.staged) prefetch_ahead(g, in, &dout, b, p);
+      if (p < g.T) widen(sk, b, row, g, ring_k + slot * HD), widen(sv, b, row, g, ring_v + slot * HD);
       if (i >= 0) {
         A *P = ring_p.data() + slot * HC, *dS = ring_ds.data() + slot * HC, *qa = ring_q + slot * HD, *da = ring_do + slot * HD;
-        widen(in.q, b, i, g, qa), widen(dout, b, i, g, da);
+        widen(sq, b, qrow, g, qa), widen(sd, b, qrow, g, da);
         const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
         std::copy(probs + (b * g.Tq + i) * HC, probs + (b * g.Tq + i + 1) * HC, P);
         const bool owned = u < t.hi;
@@ -311,6 +350,7 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
         sdvec::combine(dv.row(b, n) + h * dv.sh, wy.data(), y.data(), seen, g.Dh);
       }
     }
+  }
   sdvec::store_fence();
 }
 
