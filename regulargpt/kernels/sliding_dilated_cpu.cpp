@@ -7,37 +7,46 @@
 //   dq_i = scale sum_j dS_j k_{n_j},  dr[h, j] = sum_i dS_j,  and in gather form, over the queries i_j at n + j*D:
 //   dk_n = scale sum_j dS[i_j, j] q_{i_j},  dv_n = sum_j P[i_j, j] dout_{i_j}    (n < 0: summed into dpad_k/dpad_v)
 //
-// Order. Position p = s + u*D lies on chain s < D at chain index u; its keys are chain indices u, u-1, ..., u-C+1
-// of the same chain. A tile takes G neighbouring chains [s0, s0 + G) and walks u, visiting the G contiguous
-// positions s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in kTileBytes,
-// fewer chains when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16
-// widened, sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use
-// hits that ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache
-// sets). One row holds all H heads. Work units are fixed ranges of the steps of one tile, independent of the thread
-// count; a unit first fills the ring with the C - 1 steps before its own. The backward does one pass per unit: the
-// queries of steps [lo, hi + C - 1) (the last C - 1 steps recomputed, not owned) leave dS and P in the ring, and the
-// keys of step u - C + 1 collect from them. dr and dpad are per-unit partial sums, reduced once in unit order: no
+// Order. Position p = s + u*D lies on chain s < D at chain index u; its keys are chain indices u, u-1, ..., u-C+1 of
+// the same chain. A tile takes G neighbouring chains [s0, s0 + G) and walks u, visiting the G contiguous positions
+// s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in kTileBytes, fewer chains
+// when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16 widened,
+// sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use hits that
+// ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache sets). One
+// row holds all H heads, H separate pieces of a (B, H, T, Dh) tensor: when G = D a tile reads whole blocks of
+// positions, so it first stages kStageRows rows head by head (one contiguous run per head, stage()); otherwise the
+// rows kAhead positions on are prefetched. Work units are fixed ranges of the steps of one tile, independent of the
+// thread count; a unit first fills the ring with the C - 1 steps before its own. The backward does one pass per unit:
+// the queries of steps [lo, hi + C - 1) (the last C - 1 steps recomputed, not owned) leave dS and P in the ring, and
+// the keys of step u - C + 1 collect from them. dr and dpad are per-unit partial sums, reduced once in unit order: no
 // atomics, a rerun is bit-identical, with any thread count. Out-of-range keys (u < j) only occur in a chain's first
-// C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key.
-// The forward saves the probabilities P (B, Tq, H, C) in the accumulation type: the backward reads C floats per
-// (query, head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both).
+// C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key. The
+// forward saves the probabilities P (B, Tq, H, C) in the accumulation type: the backward reads C floats per (query,
+// head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both). Outputs
+// of 1 MiB and more come from a pool of freed ones (Pool): fresh pages cost more than writing them.
 #include "sliding_dilated_cpu_vec.h"  // first: it sets at::vec's CPU capability
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/strides.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <vector>
 
 namespace {
 
 using sdvec::Acc;
 constexpr int64_t kUnitRows = 256;          // positions per work unit (at least one step)
+constexpr int64_t kStageRows = 32;         // rows read from memory per block, head by head (stage)
+constexpr int64_t kAhead = 4;              // else rows are prefetched about this many positions ahead
 constexpr int64_t kTileBytes = 128 << 10;   // the ring: 4 tensors x C steps x G rows, kept in L2
 
 template <typename T>
@@ -59,7 +68,8 @@ struct Tile {  // chains [s0, s0 + width), steps [lo, hi) of batch b
 };
 
 struct Geometry {
-  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, chain_max, G, steps, groups, parts;
+  int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, stage_steps, ahead, chain_max, G, steps, groups, parts;
+  bool staged;  // G = D: each tile reads whole blocks of rows, so stage them head by head
   int64_t query(int64_t p) const {  // the query at position p, or -1
     const int64_t r = p - qs;
     if (step == 1) return r >= 0 && r < Tq ? r : -1;
@@ -99,6 +109,38 @@ void widen(const Rows<const T>& x, int64_t b, int64_t t, const Geometry& g, Acc<
   }
 }
 
+template <typename T>  // row t, all heads, into L2 ahead of its widen (the heads' many streams defeat the hardware's)
+void prefetch(const Rows<const T>& x, int64_t b, int64_t t, const Geometry& g) {
+  const int64_t bytes = g.Dh * int64_t(sizeof(T));
+  for (int64_t h = 0; h < g.H; ++h) {
+    const char* src = reinterpret_cast<const char*>(x.row(b, t) + h * x.sh);
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(src + at, 0, 2);
+  }
+}
+
+template <typename T>  // the rows that position p + ahead*D (same chain, visited ahead*G positions later) will read
+void prefetch_ahead(const Geometry& g, const Inputs<T>& in, const Rows<const T>* dout, int64_t b, int64_t p) {
+  const int64_t pa = p + g.ahead * g.D, i = g.query(pa);
+  if (pa >= g.T) return;
+  prefetch(in.k, b, pa, g), prefetch(in.v, b, pa, g);
+  if (i >= 0) prefetch(in.q, b, i, g);
+  if (i >= 0 && dout) prefetch(*dout, b, i, g);
+}
+
+// The rows (all heads) of positions s0 + u*D + [0, width), u in [u0, u0 + n), into buf as row (u - u0)*G + c, in
+// the input type: head by head, so that each head's rows are read as runs of `width` rows (one run when G = D) rather
+// than H separate pieces per row. `queries`: the rows of the queries at those positions (none: left unwritten).
+template <typename T>
+Rows<const T> stage(const Rows<const T>& x, const Geometry& g, const Tile& t, int64_t u0, int64_t n, bool queries,
+                    T* buf) {
+  for (int64_t h = 0; h < g.H; ++h)
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t c = 0, p = t.s0 + (u0 + s) * g.D; c < t.width && p < g.T; ++c, ++p)
+        if (const int64_t r = queries ? g.query(p) : p; r >= 0)
+          std::copy_n(x.row(t.b, r) + h * x.sh, g.Dh, buf + ((s * g.G + c) * g.H + h) * g.Dh);
+  return {buf, 0, g.H * g.Dh, g.Dh};
+}
+
 // The key rows of the position at (u, c), from the ring block `block`: slot (u - j) % C of the last C steps, or the
 // block's pad row (slot S = C*G) for u - j < 0; `su` = u % C. Returns how many: C with pads, else those with j <= u.
 template <typename A>
@@ -111,13 +153,57 @@ int64_t window(const Geometry& g, int64_t u, int64_t su, int64_t c, bool pads, c
   return m;
 }
 
-at::Tensor hugepages(at::Tensor x) {
-  // Fresh memory, written once: ask for transparent huge pages (4 KiB page faults cost as much as the kernel here).
-  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(x.data_ptr()) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(x.data_ptr()) + x.nbytes()) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only
-  return x;
+// Outputs of kPooledBytes and more live in buffers kept for reuse (up to kPoolBytes of freed ones, by exact size):
+// a fresh 33.5 MB output costs ~11 ms of page faults even on huge pages, more than writing it, and training asks for
+// the same sizes at every step. New buffers are aligned to, and advised onto, transparent huge pages.
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool* pool = new Pool;  // never destroyed: tensors may be freed after static destructors ran
+    return *pool;
+  }
+  void* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = free_.find(bytes); it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it), cached_ -= bytes;
+        return p;
+      }
+    }
+    const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = std::aligned_alloc(kHuge, mapped);
+    TORCH_CHECK(p != nullptr, "sliding_dilated_cpu: out of memory allocating ", bytes, " bytes");
+    madvise(p, mapped, MADV_HUGEPAGE);  // advice only
+    return p;
+  }
+  void give(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cached_ + bytes > kPoolBytes) return std::free(p);
+    free_.emplace(bytes, p), cached_ += bytes;
+  }
+
+ private:
+  static constexpr size_t kHuge = size_t(1) << 21, kPoolBytes = size_t(1) << 30;
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+  size_t cached_ = 0;
+};
+
+at::Tensor output(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  constexpr size_t kPooledBytes = size_t(1) << 20;
+  const size_t bytes = at::detail::computeStorageNbytes(sizes, strides, options.dtype().itemsize());
+  if (bytes < kPooledBytes) return at::empty_strided(sizes, strides, options);
+  return at::from_blob(Pool::get().take(bytes), sizes, strides, [bytes](void* p) { Pool::get().give(p, bytes); },
+                       options);
+}
+
+at::Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {  // contiguous
+  return output(sizes, c10::contiguous_strides(sizes), options);
+}
+
+at::Tensor output_like(const at::Tensor& x) {  // empty_like(x): x's layout when dense, else contiguous
+  return x.is_non_overlapping_and_dense() ? output(x.sizes(), x.strides(), x.options()) : output(x.sizes(), x.options());
 }
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rel_bias,
@@ -143,6 +229,9 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t row_bytes = std::max<int64_t>(g.H * g.Dh * (q.scalar_type() == at::kDouble ? 8 : 4), 1);  // ring rows
   g.G = std::clamp<int64_t>(kTileBytes / (4 * g.C * row_bytes), 1, std::max<int64_t>(g.chains, 1));
   g.steps = std::max<int64_t>(kUnitRows / g.G, 1);
+  g.stage_steps = std::max<int64_t>(kStageRows / g.G, 1);
+  g.ahead = (kAhead + g.G - 1) / g.G;
+  g.staged = g.G == g.chains;
   g.groups = (g.chains + g.G - 1) / g.G;
   g.parts = (g.chain_max + g.steps - 1) / g.steps;
   return g;
@@ -158,12 +247,22 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
   A *ring_k = ring.data(), *ring_v = ring_k + V;
   if (in.pads) widen(in.pk, b, 0, g, ring_k + S * HD), widen(in.pv, b, 0, g, ring_v + S * HD);
   std::vector<const A*> rows(C), x(C);
-  for (int64_t u = std::max<int64_t>(t.lo - (C - 1), 0), su = u % C; u < t.hi; ++u, su = su + 1 == C ? 0 : su + 1)
+  const int64_t first = std::max<int64_t>(t.lo - (C - 1), 0), block = g.stage_steps * g.G * HD;
+  std::vector<T> staged(g.staged ? 3 * block : 0);
+  Rows<const T> sk = in.k, sv = in.v, sq = in.q;  // staged: rows (u - u0)*G + c of `staged`
+  for (int64_t u = first, su = u % C, u0 = u; u < t.hi; ++u, su = su + 1 == C ? 0 : su + 1) {
+    if (g.staged && (u - first) % g.stage_steps == 0) {
+      const int64_t n = std::min(g.stage_steps, t.hi - u);
+      T* at = staged.data();
+      u0 = u, sk = stage(in.k, g, t, u, n, false, at), sv = stage(in.v, g, t, u, n, false, at + block);
+      sq = stage(in.q, g, t, u, n, true, at + 2 * block);
+    }
     for (int64_t c = 0, p = t.s0 + u * g.D; c < t.width && p < g.T; ++c, ++p) {
-      const int64_t slot = su * g.G + c, i = u >= t.lo ? g.query(p) : -1;
-      widen(in.k, b, p, g, ring_k + slot * HD), widen(in.v, b, p, g, ring_v + slot * HD);
+      const int64_t slot = su * g.G + c, i = u >= t.lo ? g.query(p) : -1, row = g.staged ? (u - u0) * g.G + c : p;
+      if (!g.staged) prefetch_ahead<T>(g, in, nullptr, b, p);
+      widen(sk, b, row, g, ring_k + slot * HD), widen(sv, b, row, g, ring_v + slot * HD);
       if (i < 0) continue;
-      widen(in.q, b, i, g, qbuf.data());  // a copy even in fp32: all heads' loads in flight at once
+      widen(sq, b, g.staged ? row : i, g, qbuf.data());  // a copy even in fp32: all heads' loads in flight at once
       const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
       A* pr = probs + (b * g.Tq + i) * HC;
       for (int64_t h = 0; h < g.H; ++h) {
@@ -183,6 +282,7 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
         sdvec::combine(out + (b * g.Tq + i) * HD + h * g.Dh, pr + h * C, x.data(), m, g.Dh);
       }
     }
+  }
   sdvec::store_fence();
 }
 
@@ -200,13 +300,24 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
   std::vector<int64_t> query(S, -1), from(C), column(C);
   A *dr = part, *dpk = part + HC, *dpv = dpk + HD;  // this unit's partial sums
   std::vector<const A*> rows(C), x(C), y(C);
-  for (int64_t u = std::max<int64_t>(t.lo - (C - 1), 0), su = u % C; u < t.hi + C - 1; ++u, su = su + 1 == C ? 0 : su + 1)
+  const int64_t first = std::max<int64_t>(t.lo - (C - 1), 0), end = t.hi + C - 1, block = g.stage_steps * g.G * HD;
+  std::vector<T> staged(g.staged ? 4 * block : 0);
+  Rows<const T> sk = in.k, sv = in.v, sq = in.q, sd = dout;  // staged: rows (u - u0)*G + c of `staged`
+  for (int64_t u = first, su = u % C, u0 = u; u < end; ++u, su = su + 1 == C ? 0 : su + 1) {
+    if (g.staged && (u - first) % g.stage_steps == 0) {
+      const int64_t n = std::min(g.stage_steps, end - u);
+      T* at = staged.data();
+      u0 = u, sk = stage(in.k, g, t, u, n, false, at), sv = stage(in.v, g, t, u, n, false, at + block);
+      sq = stage(in.q, g, t, u, n, true, at + 2 * block), sd = stage(dout, g, t, u, n, true, at + 3 * block);
+    }
     for (int64_t c = 0, p = t.s0 + u * g.D; c < t.width; ++c, ++p) {
       const int64_t slot = su * g.G + c, i = query[slot] = u >= t.lo && p < g.T ? g.query(p) : -1;
-      if (p < g.T) widen(in.k, b, p, g, ring_k + slot * HD), widen(in.v, b, p, g, ring_v + slot * HD);
+      const int64_t row = g.staged ? (u - u0) * g.G + c : p, qrow = g.staged ? row : i;
+      if (!g.staged) prefetch_ahead(g, in, &dout, b, p);
+      if (p < g.T) widen(sk, b, row, g, ring_k + slot * HD), widen(sv, b, row, g, ring_v + slot * HD);
       if (i >= 0) {
         A *P = ring_p.data() + slot * HC, *dS = ring_ds.data() + slot * HC, *qa = ring_q + slot * HD, *da = ring_do + slot * HD;
-        widen(in.q, b, i, g, qa), widen(dout, b, i, g, da);
+        widen(sq, b, qrow, g, qa), widen(sd, b, qrow, g, da);
         const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
         std::copy(probs + (b * g.Tq + i) * HC, probs + (b * g.Tq + i + 1) * HC, P);
         const bool owned = u < t.hi;
@@ -239,6 +350,7 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
         sdvec::combine(dv.row(b, n) + h * dv.sh, wy.data(), y.data(), seen, g.Dh);
       }
     }
+  }
   sdvec::store_fence();
 }
 
@@ -251,8 +363,8 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
   const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
   const auto acc_type = at::toOpMathType(q.scalar_type());
-  at::Tensor out = hugepages(at::empty({g.B, g.Tq, g.H, g.Dh}, q.options()));
-  at::Tensor probs = at::empty({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
+  at::Tensor out = output({g.B, g.Tq, g.H, g.Dh}, q.options());
+  at::Tensor probs = output({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
   const at::Tensor r = rel_bias.to(acc_type).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
     using A = Acc<scalar_t>;
@@ -276,7 +388,7 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   probs = probs.to(acc_type).contiguous();
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
-  at::Tensor dq = hugepages(at::empty_like(q)), dk = hugepages(at::empty_like(k)), dv = hugepages(at::empty_like(v));
+  at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.per_batch(), width = HC + 2 * HD;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {

@@ -3,7 +3,7 @@
 //
 //   load(x, n)              the n <= L elements at x in A (bf16/fp16 widened by at::vec's converters), zeros after
 //   dot(a, x, Dh)           sum_d a[d] x[d]: two lane-wise accumulators, then one fixed reduction tree
-//   combine(dst, w, x, m)   dst[d] = sum_{j<m} w[j] x[j][d], in j order, the accumulator kept in a register
+//   combine(dst, w, x, m)   dst[d] = sum_{j<m} w[j] x[j][d], in j order, 4 vectors of accumulators in registers
 //
 // Every sum runs in an order fixed by Dh alone (not by alignment or threads), so reruns are bit-identical. Full
 // aligned vectors are stored non-temporally (outputs are written once: no read-for-ownership of their lines).
@@ -98,15 +98,21 @@ inline void combine(T* dst, const Acc<T>* w, const X* const* x, int64_t m, int64
   using V = Vec<T>;
   constexpr int64_t L = V::size();
   int64_t d = 0;
-  for (; d + L <= n; d += L) {
-    V acc(0);
-    for (int64_t j = 0; j < m; ++j) acc = at::vec::fmadd(V(w[j]), load(x[j] + d, L), acc);
-    store(dst + d, acc, L);
+  for (; d + 4 * L <= n; d += 4 * L) {  // four independent accumulators: the FMAs' latency overlaps
+    V a0(0), a1(0), a2(0), a3(0);
+    for (int64_t j = 0; j < m; ++j) {
+      const V wj(w[j]);
+      const X* xj = x[j] + d;
+      a0 = at::vec::fmadd(wj, load(xj, L), a0), a1 = at::vec::fmadd(wj, load(xj + L, L), a1);
+      a2 = at::vec::fmadd(wj, load(xj + 2 * L, L), a2), a3 = at::vec::fmadd(wj, load(xj + 3 * L, L), a3);
+    }
+    store(dst + d, a0, L), store(dst + d + L, a1, L), store(dst + d + 2 * L, a2, L), store(dst + d + 3 * L, a3, L);
   }
-  if (d < n) {
+  for (; d < n; d += L) {
+    const int64_t width = std::min<int64_t>(L, n - d);
     V acc(0);
-    for (int64_t j = 0; j < m; ++j) acc = at::vec::fmadd(V(w[j]), load(x[j] + d, n - d), acc);
-    store(dst + d, acc, n - d);
+    for (int64_t j = 0; j < m; ++j) acc = at::vec::fmadd(V(w[j]), load(x[j] + d, width), acc);
+    store(dst + d, acc, width);
   }
 }
 
