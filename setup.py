@@ -7,7 +7,7 @@ setup(
     description="RegularGPT and its length-extrapolation baselines: kernels, formal languages, DeepSpeed pretraining, evaluation",
     python_requires=">=3.10",
     packages=find_packages(include=["regulargpt", "regulargpt.*"]),
-    package_data={"regulargpt.kernels": ["*.cpp"]},  # the C++ kernel's source, compiled on first use
+    package_data={"regulargpt.kernels": ["*.cpp", "*.h"]},  # the C++ kernel's source and headers, compiled on first use
     install_requires=[
         "torch>=2.4",
         "deepspeed",

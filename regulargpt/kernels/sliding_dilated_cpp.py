@@ -30,7 +30,7 @@ from torch import Tensor
 __all__ = ["sliding_dilated_cpu", "extension", "build_error"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
-_HEADER = _SOURCE.with_name("sliding_dilated_cpu_vec.h")  # its vectorised row helpers, included by the source
+_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool"))  # included by the source
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 STALE_LOCK_SECONDS = 600.0  # a build lock older than this belongs to a killed process
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
@@ -53,7 +53,7 @@ def extension() -> ModuleType:
         raise RuntimeError(_state["error"])
     from torch.utils.cpp_extension import load
 
-    sources = [path.read_text() if path.exists() else "" for path in (_SOURCE, _HEADER)]
+    sources = [path.read_text() if path.exists() else "" for path in (_SOURCE, *_HEADERS)]
     # the source's path too: torch's build files record it, so two checkouts sharing one cache would rebuild (and
     # wait on) each other's extension at every load
     key = "\0".join([*sources, str(_SOURCE.resolve()), *_CFLAGS, torch.__version__, _cpu_signature()])

@@ -28,17 +28,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/strides.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <sys/mman.h>
+#include "sliding_dilated_cpu_pool.h"  // output buffers reused across calls
+
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <vector>
 
 namespace {
@@ -153,54 +150,7 @@ int64_t window(const Geometry& g, int64_t u, int64_t su, int64_t c, bool pads, c
   return m;
 }
 
-// Outputs of kPooledBytes and more live in buffers kept for reuse (up to kPoolBytes of freed ones, by exact size):
-// a fresh 33.5 MB output costs ~11 ms of page faults even on huge pages, more than writing it, and training asks for
-// the same sizes at every step. New buffers are aligned to, and advised onto, transparent huge pages.
-class Pool {
- public:
-  static Pool& get() {
-    static Pool* pool = new Pool;  // never destroyed: tensors may be freed after static destructors ran
-    return *pool;
-  }
-  void* take(size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (auto it = free_.find(bytes); it != free_.end()) {
-        void* p = it->second;
-        free_.erase(it), cached_ -= bytes;
-        return p;
-      }
-    }
-    const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
-    void* p = std::aligned_alloc(kHuge, mapped);
-    TORCH_CHECK(p != nullptr, "sliding_dilated_cpu: out of memory allocating ", bytes, " bytes");
-    madvise(p, mapped, MADV_HUGEPAGE);  // advice only
-    return p;
-  }
-  void give(void* p, size_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (cached_ + bytes > kPoolBytes) return std::free(p);
-    free_.emplace(bytes, p), cached_ += bytes;
-  }
-
- private:
-  static constexpr size_t kHuge = size_t(1) << 21, kPoolBytes = size_t(1) << 30;
-  std::mutex mutex_;
-  std::multimap<size_t, void*> free_;
-  size_t cached_ = 0;
-};
-
-at::Tensor output(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  constexpr size_t kPooledBytes = size_t(1) << 20;
-  const size_t bytes = at::detail::computeStorageNbytes(sizes, strides, options.dtype().itemsize());
-  if (bytes < kPooledBytes) return at::empty_strided(sizes, strides, options);
-  return at::from_blob(Pool::get().take(bytes), sizes, strides, [bytes](void* p) { Pool::get().give(p, bytes); },
-                       options);
-}
-
-at::Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {  // contiguous
-  return output(sizes, c10::contiguous_strides(sizes), options);
-}
+using sdpool::output;
 
 at::Tensor output_like(const at::Tensor& x) {  // empty_like(x): x's layout when dense, else contiguous
   return x.is_non_overlapping_and_dense() ? output(x.sizes(), x.strides(), x.options()) : output(x.sizes(), x.options());
