@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,40 @@ def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_20
     before = {r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns for r in plan.trainings()}
     assert study.train_all(plan) == []  # resumed: nothing trains again
     assert before == {r: (plan.run_dir(*r) / "wall.json").stat().st_mtime_ns for r in plan.trainings()}
+
+
+def test_a_study_whose_run_folders_are_gone_resumes_from_its_committed_rows(stdlib_2048: Path, tmp_path: Path) -> None:
+    """A fresh checkout has results.jsonl and trainings.jsonl but no run folders: a run whose every row (each length,
+    each extra depth policy, its receptive field) is recorded is not retrained and still counts as done in the stage
+    table and the README's timings; a run missing one row is retrained."""
+    base = study.V3
+    by_name = {m.name: m for m in base.models}
+    plan = dataclasses.replace(
+        base, out=tmp_path / "v3", data_root=stdlib_2048, max_bytes=400_000, steps=3, batch_size=2, multiples=2,
+        eval_tokens=256, then=(), receptive_field_length=64, receptive_fields=(("regular_gpt", "train"),),
+        models=(by_name["regular_gpt"], by_name["alibi"]),
+        stages=(study.Stage("first", "the headline rows", (("regular_gpt", (0,)), ("alibi", (0,)))),))
+    assert study.train_all(plan) == []
+    study.evaluate_all(plan, memory_gb=1.0)
+    rg, alibi = plan.trainings()
+    assert [study.missing_rows(plan, *r) for r in (rg, alibi)] == [[], []]
+    records = study.training_records(plan)
+    assert sorted(records) == sorted(study.rel_path(plan.run_dir(*r)) for r in (rg, alibi))
+    assert all(r["tokens"] == 3 * 2 * 64 and r["cpu_seconds"] > 0 for r in records.values())
+    for r in (rg, alibi):  # the machine did not persist
+        shutil.rmtree(plan.run_dir(*r))
+    results = plan.out / "python-stdlib" / "results.jsonl"
+    rows = results.read_text().splitlines()
+    dropped = [line for line in rows if json.loads(line)["run"].endswith("alibi-seed0")
+               and json.loads(line)["length"] == 128]
+    results.write_text("\n".join(line for line in rows if line not in dropped) + "\n")
+    assert study.missing_rows(plan, *alibi) == [(128, None, "nonoverlapping")]
+    assert study.done(plan, *rg) and not study.done(plan, *alibi)
+    assert "| first | the headline rows | 1 / 2 |" in study.estimate_table([plan])
+    assert study.train_all(plan) == []  # trains alibi again, not regular_gpt
+    assert not plan.run_dir(*rg).exists() and (plan.run_dir(*alibi) / "model.pt").is_file()
+    study.write_readme(plan, study.parameter_counts(plan), "python eval/lm_comparison.py --study v3", [], None)
+    assert "- Training: 2 runs," in (plan.out / "README.md").read_text()  # rg's timing from trainings.jsonl
 
 
 def test_a_paired_gap_reports_its_mean_and_per_seed_range_by_hand() -> None:

@@ -26,13 +26,16 @@ from regulargpt.experiments.lm_comparison.estimate import estimate_table, stage_
 from regulargpt.experiments.lm_comparison.report import discussion, write_readme
 from regulargpt.experiments.lm_comparison.stages import (
     children_cpu,
+    done,
     evaluate_all,
+    missing_rows,
     parameter_counts,
     prepare_data,
     train_all,
+    training_records,
 )
 
 __all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
            "V3_BUDGET_MODELS", "VOCAB", "Plan", "Stage", "Variant", "children_cpu", "discussion", "estimate_table",
-           "evaluate_all", "parameter_counts", "prepare_data", "rel_path", "stage_costs", "train_all",
-           "train_overrides", "write_readme"]
+           "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data", "rel_path", "stage_costs", "train_all",
+           "train_overrides", "training_records", "write_readme"]

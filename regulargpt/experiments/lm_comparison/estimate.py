@@ -22,6 +22,7 @@ from pathlib import Path
 
 from regulargpt.config import load_config
 from regulargpt.experiments.lm_comparison.plans import ROOT, V2, Plan, Variant, rel_path, train_overrides
+from regulargpt.experiments.lm_comparison.stages import done
 from regulargpt.model import build_model
 
 __all__ = ["StageCost", "estimate_table", "recorded_cpu", "recorded_scoring", "stage_costs"]
@@ -113,12 +114,12 @@ def stage_costs(plan: Plan, recorded: Plan = V2, readme: Path | None = None,
 
 def estimate_table(plans: list[Plan], recorded: Plan = V2) -> str:
     """Markdown: every stage of `plans` in run order, what it answers, its trainings finished so far (a model.pt
-    in the run directory), and its estimated CPU minutes (training + scoring) with the running total in hours."""
+    in the run directory, or every row scored: ``stages.done``), and its estimated CPU minutes (training + scoring) with the running total in hours."""
     lines = ["| study | stage | answers | trainings done | est. CPU min (train + scoring) | cumulative h |",
              "|---|---|---|---:|---:|---:|"]
     total = 0.0
     for plan in plans:
-        finished = {(m.name, s) for d, m, s in plan.trainings() if (plan.run_dir(d, m, s) / "model.pt").is_file()}
+        finished = {(m.name, s) for d, m, s in plan.trainings() if done(plan, d, m, s)}
         stage_runs = {s.name: {(v, k) for v, seeds in s.runs for k in seeds} for s in plan.stages}
         for cost in stage_costs(plan, recorded):
             runs = stage_runs.get(cost.name, {(m.name, s) for _, m, s in plan.trainings()})

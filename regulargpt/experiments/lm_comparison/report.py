@@ -13,7 +13,7 @@ from regulargpt.evaluation.lm_findings import findings_markdown, position_gaps
 from regulargpt.evaluation.lm_report import aggregate, load_rows, markdown_table, provenance
 from regulargpt.evaluation.perplexity import model_label
 from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_path, train_overrides
-from regulargpt.experiments.lm_comparison.stages import children_cpu
+from regulargpt.experiments.lm_comparison.stages import children_cpu, done, training_records
 from regulargpt.experiments.lm_comparison.v3_report import v3_sections
 from regulargpt.files import atomic_write_text
 from regulargpt.model import adaptive_depth
@@ -23,8 +23,9 @@ __all__ = ["discussion", "write_readme"]
 
 def _train_stats(plan: Plan) -> dict[str, dict[str, float]]:
     """model → mean training tokens/s and wall seconds over its finished runs, mean CPU seconds over the runs that
-    recorded them (metrics.jsonl, wall.json), and the counts."""
+    recorded them (metrics.jsonl, wall.json; OUT/trainings.jsonl for a run whose folder is gone), and the counts."""
     acc: dict[str, list[tuple[float, float, float | None]]] = {}
+    recorded = training_records(plan)
     for dataset, variant, seed in plan.trainings():
         run_dir = plan.run_dir(dataset, variant, seed)
         model = variant.name
@@ -32,6 +33,9 @@ def _train_stats(plan: Plan) -> dict[str, dict[str, float]]:
             last = json.loads((run_dir / "metrics.jsonl").read_text().strip().splitlines()[-1])
             wall = json.loads((run_dir / "wall.json").read_text())
         except (OSError, IndexError, json.JSONDecodeError):
+            record = recorded.get(rel_path(run_dir))  # the run folder is gone: its committed timing, if any
+            if record is not None:
+                acc.setdefault(model, []).append((record["tokens_per_s"], record["seconds"], record["cpu_seconds"]))
             continue
         acc.setdefault(model, []).append((last["tokens"] / max(last["elapsed_s"], 1e-9), wall["seconds"],
                                           wall.get("cpu_seconds")))
@@ -175,8 +179,12 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
         wall = sum(s["wall_s"] * s["runs"] for s in stats.values()) / 60
         cpu_runs = sum(int(s["cpu_runs"]) for s in stats.values())
         cpu = sum(s["cpu_s"] * s["cpu_runs"] for s in stats.values() if s["cpu_runs"]) / 60
+        finished = sum(done(plan, *r) for r in plan.trainings())
+        untimed = (f" ({finished - runs} further finished runs predate `trainings.jsonl` and their folders are gone: "
+                   "their timings are in this README's git history)" if finished > runs else "")
         lines.append(f"- Training: {runs} runs, {wall:.1f} min wall in total; {cpu:.1f} min CPU over the {cpu_runs} "
-                     f"runs that recorded it (OMP_NUM_THREADS=1 per run; on a shared machine wall exceeds CPU)")
+                     f"runs that recorded it (OMP_NUM_THREADS=1 per run; on a shared machine wall exceeds CPU)"
+                     + untimed)
     scoring = sum(r.get("seconds", 0.0) for d in plan.datasets if (plan.out / d / "results.jsonl").is_file()
                   for r in load_rows(plan.out / d / "results.jsonl"))
     if scoring:

@@ -1,6 +1,8 @@
 """The stages of a study, each resumable: data preparation, the parameter budget, training (launch/pretrain.py per
-run, skipped when its model.pt exists) and evaluation (eval/extrapolate.py, which skips rows already scored). Each
-stage runs the checkout's own scripts in subprocesses from ``ROOT``."""
+run, skipped when its model.pt exists or when every row it would be scored for is already in the committed results
+file, so a checkout whose run folders did not survive resumes from its committed rows) and evaluation
+(eval/extrapolate.py, which skips rows already scored). Each stage runs the checkout's own scripts in subprocesses
+from ``ROOT``. Every finished training appends its timing to the committed OUT/trainings.jsonl."""
 
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from regulargpt.config import load_config
-from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_path, train_overrides
+from regulargpt.evaluation.lm_report import load_rows
+from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, Variant, rel_path, train_overrides
 from regulargpt.files import atomic_write_text
 from regulargpt.model import build_model
+from regulargpt.provenance import git_commit, utc_date
 
-__all__ = ["children_cpu", "evaluate_all", "parameter_counts", "prepare_data", "receptive_field_dir",
-           "receptive_fields", "train_all"]
+__all__ = ["children_cpu", "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data",
+           "receptive_field_dir", "receptive_fields", "train_all", "training_records"]
 
 
 def _run(cmd: list[str], log: Path | None = None) -> int:
@@ -61,9 +65,59 @@ def parameter_counts(plan: Plan) -> dict[str, int]:
     return counts
 
 
+def missing_rows(plan: Plan, dataset: str, variant: Variant, seed: int) -> list[tuple[int, str | None, str]]:
+    """(length, depth policy, protocol) of every row :func:`evaluate_all` writes for this run that
+    OUT/<dataset>/results.jsonl lacks (rows keyed by the run's path and the plan's token count), plus
+    ``(0, policy, "receptive_field")`` for a missing seed-0 receptive field of the plan's. Example: a v3
+    ``regular_gpt`` seed-1 run needs lengths 64 … 2048 under its own depth and again under ``train``: 12 rows."""
+    run = rel_path(plan.run_dir(dataset, variant, seed))
+    need = [(L, None, "nonoverlapping") for L in plan.lengths]
+    need += [(L, p, "nonoverlapping") for p in ("train", "per_position") if p in variant.depth_policies
+             for L in plan.lengths]
+    if variant.name in plan.sliding_check and seed == 0:
+        need += [(L, None, "sliding") for L in plan.sliding_lengths]
+    path = plan.out / dataset / "results.jsonl"
+    have = {(r["length"], r["depth_policy"], r["protocol"]) for r in (load_rows(path) if path.is_file() else [])
+            if r["run"] == run and r["tokens"] == plan.eval_tokens}
+    missing = [key for key in need if key not in have]
+    if seed == 0 and dataset == plan.datasets[0]:
+        missing += [(0, policy or None, "receptive_field") for name, policy in plan.receptive_fields
+                    if name == variant.name and not (receptive_field_dir(plan, name, policy)
+                                                    / "receptive_field.json").is_file()]
+    return missing
+
+
+def done(plan: Plan, dataset: str, variant: Variant, seed: int) -> bool:
+    """A training needs no (re)run: its model.pt exists, or every row it would be scored for is recorded."""
+    return (plan.run_dir(dataset, variant, seed) / "model.pt").is_file() or not missing_rows(plan, dataset, variant,
+                                                                                            seed)
+
+
+def training_records(plan: Plan) -> dict[str, dict]:
+    """OUT/trainings.jsonl: run path → its last record (seconds, cpu_seconds, tokens, tokens_per_s, date, commit)."""
+    path = plan.out / "trainings.jsonl"
+    if not path.is_file():
+        return {}
+    return {r["run"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
+
+
+def _record_training(plan: Plan, run_dir: Path, seconds: float, cpu: float, cmd: list[str]) -> None:
+    """wall.json in the run folder, and the same timing appended to the committed OUT/trainings.jsonl (rewritten
+    whole to a temporary name and renamed), so the README keeps it when the run folder is gone."""
+    atomic_write_text(run_dir / "wall.json",
+                      json.dumps({"seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "command": cmd}) + "\n")
+    last = json.loads((run_dir / "metrics.jsonl").read_text().strip().splitlines()[-1])
+    record = {"run": rel_path(run_dir), "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+              "tokens": last["tokens"], "tokens_per_s": round(last["tokens"] / max(last["elapsed_s"], 1e-9), 1),
+              "date": utc_date(), "commit": git_commit()}
+    path = plan.out / "trainings.jsonl"
+    old = path.read_text() if path.is_file() else ""
+    atomic_write_text(path, old + json.dumps(record, sort_keys=True) + "\n")
+
+
 def train_all(plan: Plan, after_each: Callable[[], None] | None = None) -> list[str]:
-    """Train every missing run (model.pt absent), calling `after_each` after every new run (evaluate + report, so
-    results appear as runs finish); → the runs that failed."""
+    """Train every run not :func:`done` (no model.pt and rows missing from the results file), calling `after_each`
+    after every new run (evaluate + report, so results appear as runs finish); → the runs that failed."""
     failed = []
     todo = plan.trainings()
     bar = tqdm(todo, desc="training", unit="run", file=sys.stdout, mininterval=0)
@@ -72,6 +126,10 @@ def train_all(plan: Plan, after_each: Callable[[], None] | None = None) -> list[
         model = variant.name
         bar.set_postfix_str(f"{dataset}/{model}-seed{seed}")
         if (run_dir / "model.pt").is_file():
+            continue
+        if not missing_rows(plan, dataset, variant, seed):
+            bar.write(f"{dataset}/{model}-seed{seed}: every row recorded in {rel_path(plan.out / dataset)}/"
+                      "results.jsonl (run folder absent): not retrained")
             continue
         cmd = [sys.executable, "launch/pretrain.py", "--config", f"configs/tiny/{variant.config}.json",
                "--run-dir", rel_path(run_dir)]
@@ -85,8 +143,7 @@ def train_all(plan: Plan, after_each: Callable[[], None] | None = None) -> list[
             tail = (run_dir / "train.log").read_text(errors="replace")[-1500:]
             bar.write(f"training {dataset}/{model}-seed{seed} failed (exit {rc}); last lines of its train.log:\n{tail}")
             continue
-        atomic_write_text(run_dir / "wall.json",
-                          json.dumps({"seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "command": cmd}) + "\n")
+        _record_training(plan, run_dir, seconds, cpu, cmd)
         bar.write(f"trained {dataset}/{model}-seed{seed} in {seconds:.0f} s ({cpu:.0f} CPU s)")
         if after_each is not None:
             after_each()
