@@ -154,7 +154,8 @@ def test_a_tiny_staged_study_trains_in_stage_order_reports_and_resumes(stdlib_20
 def test_a_study_whose_run_folders_are_gone_resumes_from_its_committed_rows(stdlib_2048: Path, tmp_path: Path) -> None:
     """A fresh checkout has results.jsonl and trainings.jsonl but no run folders: a run whose every row (each length,
     each extra depth policy, its receptive field) is recorded is not retrained and still counts as done in the stage
-    table and the README's timings; a run missing one row is retrained."""
+    table and the README's timings; a run missing one row is retrained. The first trainings run two at a time
+    (--jobs 2)."""
     base = study.V3
     by_name = {m.name: m for m in base.models}
     plan = dataclasses.replace(
@@ -162,13 +163,17 @@ def test_a_study_whose_run_folders_are_gone_resumes_from_its_committed_rows(stdl
         eval_tokens=256, then=(), receptive_field_length=64, receptive_fields=(("regular_gpt", "train"),),
         models=(by_name["regular_gpt"], by_name["alibi"]),
         stages=(study.Stage("first", "the headline rows", (("regular_gpt", (0,)), ("alibi", (0,)))),))
-    assert study.train_all(plan) == []
+    assert study.train_all(plan, jobs=2) == []  # both at once, each timed apart
     study.evaluate_all(plan, memory_gb=1.0)
     rg, alibi = plan.trainings()
     assert [study.missing_rows(plan, *r) for r in (rg, alibi)] == [[], []]
     records = study.training_records(plan)
     assert sorted(records) == sorted(study.rel_path(plan.run_dir(*r)) for r in (rg, alibi))
     assert all(r["tokens"] == 3 * 2 * 64 and r["cpu_seconds"] > 0 for r in records.values())
+    first_end = min(r["started_unix"] + r["seconds"] for r in records.values())
+    assert all(r["started_unix"] < first_end for r in records.values())  # the two trainings overlapped
+    with pytest.raises(ValueError, match="jobs"):
+        study.train_all(plan, jobs=0)
     for r in (rg, alibi):  # the machine did not persist
         shutil.rmtree(plan.run_dir(*r))
     results = plan.out / "python-stdlib" / "results.jsonl"

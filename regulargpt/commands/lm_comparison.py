@@ -20,6 +20,7 @@ Examples:
     python eval/lm_comparison.py --report-only                   # rewrite OUT/README.md from the results
     python eval/lm_comparison.py --study v3 --estimate           # the v3 stages and their estimated CPU hours
     mkdir -p results/lm_cpu_v3 && OMP_NUM_THREADS=1 nohup python eval/lm_comparison.py --study v3 > results/lm_cpu_v3/study.log 2>&1 &
+    OMP_NUM_THREADS=1 python eval/lm_comparison.py --study v3 --jobs 2   # two single-threaded trainings at a time
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
     p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")
     p.add_argument("--report-only", action="store_true", help="only rewrite OUT/README.md from existing results")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="trainings at a time, started in stage order (default 1; 2 on a 2-core machine with "
+                        "OMP_NUM_THREADS=1: each training is single-threaded, each is timed apart)")
     args = p.parse_args(argv)
     first = DEMO if args.demo else STUDIES[args.study]
     if args.out:
@@ -80,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "python " + " ".join(shlex.quote(a) for a in [rel_path(Path(sys.argv[0])), *(argv or sys.argv[1:])])
     failed: list[str] = []
     for plan in plans:
-        failed += _run_plan(plan, command, args.memory_gb, args.report_only)
+        failed += _run_plan(plan, command, args.memory_gb, args.report_only, args.jobs)
     return 1 if failed else 0
 
 
-def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool) -> list[str]:
+def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool, jobs: int = 1) -> list[str]:
     """Every stage of one plan (data, budget, training with evaluation and the README after each run); → failures."""
     started = time.time()
     print(f"comparison: {len(plan.trainings())} trainings of {plan.train_tokens:,} tokens (budget rows: their own), "
@@ -99,7 +103,7 @@ def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool) -> 
             evaluate_all(plan, memory_gb)
             write_readme(plan, counts, command, [], started)
 
-        failed = train_all(plan, evaluate_and_report)
+        failed = train_all(plan, evaluate_and_report, jobs)
         evaluate_all(plan, memory_gb)
     write_readme(plan, counts, command, failed, None if report_only else started)
     for dataset in plan.datasets:  # the tables README.md holds, on the console too

@@ -7,13 +7,16 @@ from ``ROOT``. Every finished training appends its timing to the committed OUT/t
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from tqdm.auto import tqdm
 
@@ -28,14 +31,10 @@ __all__ = ["children_cpu", "done", "evaluate_all", "missing_rows", "parameter_co
            "receptive_field_dir", "receptive_fields", "train_all", "training_records"]
 
 
-def _run(cmd: list[str], log: Path | None = None) -> int:
-    """Run a command from the repository root; output to `log` (appended) or to this process's stdout."""
+def _run(cmd: list[str]) -> int:
+    """Run a command from the repository root, its output to this process's stdout; → its exit code."""
     print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    if log is None:
-        return subprocess.run(cmd, cwd=ROOT, check=False).returncode
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as f:
-        return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
 
 
 def prepare_data(plan: Plan) -> None:
@@ -94,14 +93,15 @@ def done(plan: Plan, dataset: str, variant: Variant, seed: int) -> bool:
 
 
 def training_records(plan: Plan) -> dict[str, dict]:
-    """OUT/trainings.jsonl: run path → its last record (seconds, cpu_seconds, tokens, tokens_per_s, date, commit)."""
+    """OUT/trainings.jsonl: run path → its last record (seconds, cpu_seconds, tokens, tokens_per_s, started_unix,
+    date, commit)."""
     path = plan.out / "trainings.jsonl"
     if not path.is_file():
         return {}
     return {r["run"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
 
 
-def _record_training(plan: Plan, run_dir: Path, seconds: float, cpu: float, cmd: list[str]) -> None:
+def _record_training(plan: Plan, run_dir: Path, seconds: float, cpu: float, cmd: list[str], started: float) -> None:
     """wall.json in the run folder, and the same timing appended to the committed OUT/trainings.jsonl (rewritten
     whole to a temporary name and renamed), so the README keeps it when the run folder is gone."""
     atomic_write_text(run_dir / "wall.json",
@@ -109,44 +109,94 @@ def _record_training(plan: Plan, run_dir: Path, seconds: float, cpu: float, cmd:
     last = json.loads((run_dir / "metrics.jsonl").read_text().strip().splitlines()[-1])
     record = {"run": rel_path(run_dir), "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
               "tokens": last["tokens"], "tokens_per_s": round(last["tokens"] / max(last["elapsed_s"], 1e-9), 1),
-              "date": utc_date(), "commit": git_commit()}
+              "started_unix": round(started, 1), "date": utc_date(), "commit": git_commit()}
     path = plan.out / "trainings.jsonl"
     old = path.read_text() if path.is_file() else ""
     atomic_write_text(path, old + json.dumps(record, sort_keys=True) + "\n")
 
 
-def train_all(plan: Plan, after_each: Callable[[], None] | None = None) -> list[str]:
-    """Train every run not :func:`done` (no model.pt and rows missing from the results file), calling `after_each`
-    after every new run (evaluate + report, so results appear as runs finish); → the runs that failed."""
-    failed = []
-    todo = plan.trainings()
-    bar = tqdm(todo, desc="training", unit="run", file=sys.stdout, mininterval=0)
-    for dataset, variant, seed in bar:
-        run_dir = plan.run_dir(dataset, variant, seed)
-        model = variant.name
-        bar.set_postfix_str(f"{dataset}/{model}-seed{seed}")
-        if (run_dir / "model.pt").is_file():
+@dataclass
+class _Training:
+    """One launched training: its label, run folder, command, process, open log file and start time."""
+    label: str
+    run_dir: Path
+    cmd: list[str]
+    proc: subprocess.Popen
+    log: IO[bytes]
+    started: float  # time.perf_counter() at launch
+    started_unix: float  # time.time() at launch
+
+
+def _launch(plan: Plan, dataset: str, variant: Variant, seed: int) -> _Training:
+    """Start launch/pretrain.py for one run in the background, its output appended to the run's train.log."""
+    run_dir = plan.run_dir(dataset, variant, seed)
+    cmd = [sys.executable, "launch/pretrain.py", "--config", f"configs/tiny/{variant.config}.json",
+           "--run-dir", rel_path(run_dir)]
+    for item in train_overrides(plan, dataset, seed, variant):
+        cmd += ["--set", item]
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "train.log", "ab")  # noqa: SIM115 (closed by _reap)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return _Training(f"{dataset}/{variant.name}-seed{seed}", run_dir, cmd, proc, log, time.perf_counter(), time.time())
+
+
+def _reap(running: list[_Training]) -> tuple[_Training, int, float]:
+    """Wait until one of `running` exits; → it, its exit code and its own CPU seconds (user + system, from
+    os.wait4's rusage of that child, so concurrent trainings are timed apart)."""
+    while True:
+        for job in running:
+            pid, status, usage = os.wait4(job.proc.pid, os.WNOHANG)
+            if pid:
+                job.proc.returncode = os.waitstatus_to_exitcode(status)
+                job.log.close()
+                return job, job.proc.returncode, usage.ru_utime + usage.ru_stime
+        time.sleep(0.5)
+
+
+def train_all(plan: Plan, after_each: Callable[[], None] | None = None, jobs: int = 1) -> list[str]:
+    """Train every run not :func:`done` (no model.pt and rows missing from the results file), `jobs` at a time,
+    started in the plan's order (stage by stage), calling `after_each` after every finished run (evaluate + report,
+    so results appear as runs finish; the other trainings go on meanwhile); → the runs that failed. With jobs = 2
+    on two cores, two single-threaded trainings share the machine (OMP_NUM_THREADS=1 each)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    queue = []
+    for dataset, variant, seed in plan.trainings():
+        if (plan.run_dir(dataset, variant, seed) / "model.pt").is_file():
             continue
         if not missing_rows(plan, dataset, variant, seed):
-            bar.write(f"{dataset}/{model}-seed{seed}: every row recorded in {rel_path(plan.out / dataset)}/"
-                      "results.jsonl (run folder absent): not retrained")
+            print(f"{dataset}/{variant.name}-seed{seed}: every row recorded in {rel_path(plan.out / dataset)}/"
+                  "results.jsonl (run folder absent): not retrained", flush=True)
             continue
-        cmd = [sys.executable, "launch/pretrain.py", "--config", f"configs/tiny/{variant.config}.json",
-               "--run-dir", rel_path(run_dir)]
-        for item in train_overrides(plan, dataset, seed, variant):
-            cmd += ["--set", item]
-        t0, cpu0 = time.perf_counter(), children_cpu()
-        rc = _run(cmd, log=run_dir / "train.log")
-        seconds, cpu = time.perf_counter() - t0, children_cpu() - cpu0
-        if rc != 0 or not (run_dir / "model.pt").is_file():
-            failed.append(f"{dataset}/{model}-seed{seed}")
-            tail = (run_dir / "train.log").read_text(errors="replace")[-1500:]
-            bar.write(f"training {dataset}/{model}-seed{seed} failed (exit {rc}); last lines of its train.log:\n{tail}")
-            continue
-        _record_training(plan, run_dir, seconds, cpu, cmd)
-        bar.write(f"trained {dataset}/{model}-seed{seed} in {seconds:.0f} s ({cpu:.0f} CPU s)")
-        if after_each is not None:
-            after_each()
+        queue.append((dataset, variant, seed))
+    failed: list[str] = []
+    running: list[_Training] = []
+    bar = tqdm(total=len(queue), desc="training", unit="run", file=sys.stdout, mininterval=0)
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                running.append(_launch(plan, *queue.pop(0)))
+            bar.set_postfix_str(", ".join(job.label for job in running))
+            job, rc, cpu = _reap(running)
+            running.remove(job)
+            bar.update()
+            seconds = time.perf_counter() - job.started
+            if rc != 0 or not (job.run_dir / "model.pt").is_file():
+                failed.append(job.label)
+                tail = (job.run_dir / "train.log").read_text(errors="replace")[-1500:]
+                bar.write(f"training {job.label} failed (exit {rc}); last lines of its train.log:\n{tail}")
+                continue
+            _record_training(plan, job.run_dir, seconds, cpu, job.cmd, job.started_unix)
+            bar.write(f"trained {job.label} in {seconds:.0f} s ({cpu:.0f} CPU s)")
+            if after_each is not None:
+                after_each()
+    finally:  # an interrupted study leaves no training behind that a rerun would collide with
+        for job in running:
+            job.proc.terminate()
+            job.proc.wait()
+            job.log.close()
+        bar.close()
     return failed
 
 
