@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -186,8 +187,13 @@ def test_a_study_whose_run_folders_are_gone_resumes_from_its_committed_rows(stdl
     assert "| first | the headline rows | 1 / 2 |" in study.estimate_table([plan])
     assert study.train_all(plan) == []  # trains alibi again, not regular_gpt
     assert not plan.run_dir(*rg).exists() and (plan.run_dir(*alibi) / "model.pt").is_file()
-    study.write_readme(plan, study.parameter_counts(plan), "python eval/lm_comparison.py --study v3", [], None)
+    counts = study.parameter_counts(plan)
+    study.write_readme(plan, counts, "python eval/lm_comparison.py --study v3", [], None)
     assert "- Training: 2 runs," in (plan.out / "README.md").read_text()  # rg's timing from trainings.jsonl
+    # a follow-up plan in the same process counts only the CPU of the children finished since it started
+    assert study.children_cpu() > 0
+    study.write_readme(plan, counts, "python eval/lm_comparison.py --study v3", [], time.time(), study.children_cpu())
+    assert json.loads((plan.out / "invocation.json").read_text())["cpu_min"] == 0.0
 
 
 def test_a_paired_gap_reports_its_mean_and_per_seed_range_by_hand() -> None:

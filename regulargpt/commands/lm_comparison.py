@@ -39,6 +39,7 @@ from regulargpt.experiments.lm_comparison import (
     DEMO,
     STUDIES,
     Plan,
+    children_cpu,
     estimate_table,
     evaluate_all,
     parameter_counts,
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool, jobs: int = 1) -> list[str]:
     """Every stage of one plan (data, budget, training with evaluation and the README after each run); → failures."""
-    started = time.time()
+    started, cpu_started = time.time(), children_cpu()
     print(f"comparison: {len(plan.trainings())} trainings of {plan.train_tokens:,} tokens (budget rows: their own), "
           f"lengths {plan.lengths}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
           f"out {rel_path(plan.out)}", flush=True)
@@ -101,11 +102,11 @@ def _run_plan(plan: Plan, command: str, memory_gb: float, report_only: bool, job
 
         def evaluate_and_report() -> None:
             evaluate_all(plan, memory_gb)
-            write_readme(plan, counts, command, [], started)
+            write_readme(plan, counts, command, [], started, cpu_started)
 
         failed = train_all(plan, evaluate_and_report, jobs)
         evaluate_all(plan, memory_gb)
-    write_readme(plan, counts, command, failed, None if report_only else started)
+    write_readme(plan, counts, command, failed, None if report_only else started, cpu_started)
     for dataset in plan.datasets:  # the tables README.md holds, on the console too
         path = plan.out / dataset / "results.jsonl"
         if path.is_file():

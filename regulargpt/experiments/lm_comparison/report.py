@@ -154,7 +154,11 @@ def _summary(plan: Plan) -> list[str]:
     return out or ["(no results yet)"]
 
 
-def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[str], started: float | None) -> None:
+def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[str], started: float | None,
+                 cpu_started: float = 0.0) -> None:
+    """OUT/README.md from the plan's files; with `started` (time.time() at the plan's start) also OUT/invocation.json:
+    wall minutes since then and the CPU minutes of the child processes finished since ``children_cpu()`` read
+    `cpu_started` (a staged study's follow-up plan runs in the same process, after the first plan's children)."""
     prov = provenance(command)
     stats = _train_stats(plan)
     lines = [
@@ -169,7 +173,7 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
     if started is not None:
         atomic_write_text(invocation, json.dumps({"date": prov["date"], "command": prov["command"],
                                                   "wall_min": round((time.time() - started) / 60, 1),
-                                                  "cpu_min": round(children_cpu() / 60, 1)}) + "\n")
+                                                  "cpu_min": round((children_cpu() - cpu_started) / 60, 1)}) + "\n")
     if invocation.is_file():
         last = json.loads(invocation.read_text())
         lines.append(f"- Last full invocation (`{last['command']}`, {last['date']}): {last['wall_min']} min wall, "
