@@ -34,7 +34,7 @@ def test_summaries_and_answers() -> None:
     # (1.075); (b): only rg_recency is within 10% (+9.0%); so rg_recency is the only one with both
     assert ("(a) Flat to 32×** (mean ppl(2048) / ppl(64) ≤ 1.00): regular_gpt / train (0.975), "
             "rg_recency / adaptive (1.000)") in text
-    assert "(b) Within 10% of alibi at 1×**: rg_recency / adaptive (+9.0% ± 1.4)" in text
+    assert "(b) Within 10% of alibi at 1×** (each at its own training budget): rg_recency / adaptive (+9.0% ± 1.4)" in text
     assert "**Both at once**: rg_recency / adaptive" in text
     # the knob table: recency vs the paper at 1×: (108/120 − 1, 110/130 − 1) = (−10.0%, −15.4%) → −12.7% ± 3.8
     assert "| rg_recency | adaptive | -12.7% ± 3.8 |" in text
@@ -53,5 +53,33 @@ def test_position_gaps_are_paired_by_seed() -> None:
                          "per_position": [{"start": 0, "end": 1, "nll": base + seed, "tokens": 1},
                                           {"start": 1, "end": 2, "nll": base + 2 * seed, "tokens": 1}]})
     lines = position_gaps(rows, "ds", 64)
-    assert lines[0] == "| variant | seeds | 0..0 | 1..1 |"
-    assert lines[2] == "| regular_gpt | 2 | +0.500 | +0.500 |"
+    assert lines[0] == "| variant | vs | seeds | 0..0 | 1..1 |"
+    assert lines[2] == "| regular_gpt | alibi | 2 | +0.500 | +0.500 |"
+
+
+def test_budget_rows_are_read_against_their_own_budgets_reference_and_base() -> None:
+    """`_s<steps>` rows (a training-budget study) meet the ALiBi and the RegularGPT of their own budget: a 3.6M-token
+    RegularGPT at ppl 33 against a 1.2M-token ALiBi at 100 would read −67% and "within 10%", which is the budget, not
+    the model. Hand values, seeds 0/1 at 64: alibi 100/100, alibi_s3600 30/30, regular_gpt_s3600 33/36 (+10%, +20%
+    → +15.0% ± 7.1: not within 10%), rg_c8_s3600 30/33 (vs regular_gpt_s3600: −9.1%, −8.3% → −8.7% ± 0.5)."""
+    from regulargpt.evaluation.lm_findings import position_gaps, same_budget
+
+    assert same_budget("alibi", "rg_c8_s3600", {"alibi", "alibi_s3600"}) == "alibi_s3600"
+    assert same_budget("alibi", "rg_c8", {"alibi", "alibi_s3600"}) == "alibi"
+    assert same_budget("alibi", "rg_c8_s400", {"alibi"}) is None
+    table = {"alibi": (100, 100), "alibi_s3600": (30, 30), "regular_gpt_s3600": (33, 36), "rg_c8_s3600": (30, 33)}
+    rows = []
+    for variant, ppls in table.items():
+        for seed in (0, 1):
+            for length in (64, 2048):
+                rows.append({"run": f"x/runs/ds/{variant}-seed{seed}", "depth_policy": None, "dataset": "ds",
+                             "split": "test", "protocol": "nonoverlapping", "stride": length, "tokens": 4096,
+                             "length": length, "ppl": float(ppls[seed]), "model": variant,
+                             "per_position": [{"start": 0, "end": 1, "nll": float(ppls[seed]) / 10, "tokens": 1}]})
+    text = "\n".join(findings_markdown(rows, "ds", 64, 2048))
+    assert "| regular_gpt_s3600 | adaptive | 2 | 34.50 ± 2.12 | 34.50 ± 2.12 | 1.000 ± 0.000 | +15.0% ± 7.1 |" in text
+    assert "| alibi_s3600 | adaptive | 2 | 30.00 ± 0.00 | 30.00 ± 0.00 | 1.000 ± 0.000 |  |" in text
+    assert "of alibi at 1×** (each at its own training budget): rg_c8_s3600 / adaptive (+5.0% ± 7.1)" in text
+    assert "| rg_c8_s3600 (vs regular_gpt_s3600) | adaptive | -8.7% ± 0.5 |" in text
+    gaps = position_gaps(rows, "ds", 64)  # nll = ppl / 10 here: regular_gpt_s3600 − alibi_s3600 = (0.3 + 0.6) / 2
+    assert "| regular_gpt_s3600 | alibi_s3600 | 2 | +0.450 |" in gaps and not any(g.startswith("| alibi_s3600 |") for g in gaps)

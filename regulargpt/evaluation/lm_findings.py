@@ -11,6 +11,10 @@ gives the variant and seed, its ``depth_policy`` the evaluation-time depth polic
 and, for every variant against a base variant (the paper's settings) at the same policy, the paired per-seed
 change of ppl at 1× and at the longest length. Worked example: seeds 0, 1 with ppl(1×) 100, 110 for the base and
 95, 104 for a variant → changes −5.0% and −5.5% → "−5.2% ± 0.4".
+
+A training-budget row is named with a ``_s<steps>`` suffix (``regular_gpt_s3600``, ``alibi_s3600``): it is compared
+with the reference and the base *of its own budget* (``alibi_s3600``, ``regular_gpt_s3600``) when the study has them,
+never with the default budget's, so a 3.6M-token RegularGPT is not scored against a 1.2M-token ALiBi.
 """
 
 from __future__ import annotations
@@ -25,9 +29,18 @@ import numpy as np
 
 from regulargpt.evaluation.lm_report import latest_rows
 
-__all__ = ["Summary", "summarise", "findings_markdown", "position_gaps", "run_name"]
+__all__ = ["Summary", "summarise", "findings_markdown", "position_gaps", "run_name", "same_budget"]
 
 _RUN = re.compile(r"(?:^|/)runs/(?P<dataset>[^/]+)/(?P<variant>.+)-seed(?P<seed>\d+)/?$")
+_BUDGET = re.compile(r"_s\d+$")
+
+
+def same_budget(name: str, variant: str, present: set[str] | dict) -> str | None:
+    """The row called `name` trained at `variant`'s budget: ``same_budget("alibi", "rg_c8_s400", …)`` →
+    ``"alibi_s400"``; `name` itself for a default-budget variant; None when the study has no such row."""
+    suffix = _BUDGET.search(variant)
+    candidate = name + suffix.group(0) if suffix else name
+    return candidate if candidate in present else None
 
 
 def run_name(run: str) -> tuple[str, int] | None:
@@ -79,8 +92,9 @@ def summarise(rows: Sequence[dict[str, Any]], dataset: str, protocol: str = "non
 
 def position_gaps(rows: Sequence[dict[str, Any]], dataset: str, length: int, reference: str = "alibi",
                   protocol: str = "nonoverlapping") -> list[str]:
-    """Markdown table: per variant (its own depth policy), mean NLL minus the reference's at each window-position
-    octave of length `length`, paired by seed and averaged (nats; > 0 = worse). Shows *where in the window* a model
+    """Markdown table: per variant (its own depth policy), mean NLL minus the reference's (of the variant's budget:
+    :func:`same_budget`) at each window-position octave of length `length`, paired by seed and averaged (nats;
+    > 0 = worse). Shows *where in the window* a model
     loses: e.g. RegularGPT C = 4 close to the reference at positions 0..3 (its first depth step sees them directly)
     and behind from position 4 on, where older tokens arrive only through the dilated steps."""
     nll: dict[str, dict[int, dict[tuple[int, int], float]]] = defaultdict(dict)
@@ -93,16 +107,17 @@ def position_gaps(rows: Sequence[dict[str, Any]], dataset: str, length: int, ref
     if reference not in nll:
         return []
     buckets = sorted(next(iter(nll[reference].values())))
-    lines = ["| variant | seeds | " + " | ".join(f"{a}..{e - 1}" for a, e in buckets) + " |",
-             "|---|---:|" + "---:|" * len(buckets)]
+    lines = ["| variant | vs | seeds | " + " | ".join(f"{a}..{e - 1}" for a, e in buckets) + " |",
+             "|---|---|---:|" + "---:|" * len(buckets)]
     for variant, by_seed in sorted(nll.items(), key=lambda kv: (kv[0] != reference, kv[0])):
-        if variant == reference:
+        ref = same_budget(reference, variant, nll)
+        if ref is None or variant == ref:
             continue
-        seeds = sorted(set(by_seed) & set(nll[reference]))
+        seeds = sorted(set(by_seed) & set(nll[ref]))
         if not seeds:
             continue
-        gaps = [float(np.mean([by_seed[s][b] - nll[reference][s][b] for s in seeds])) for b in buckets]
-        lines.append(f"| {variant} | {len(seeds)} | " + " | ".join(f"{g:+.3f}" for g in gaps) + " |")
+        gaps = [float(np.mean([by_seed[s][b] - nll[ref][s][b] for s in seeds])) for b in buckets]
+        lines.append(f"| {variant} | {ref} | {len(seeds)} | " + " | ".join(f"{g:+.3f}" for g in gaps) + " |")
     return lines
 
 
@@ -126,15 +141,27 @@ def findings_markdown(rows: Sequence[dict[str, Any]], dataset: str, train_length
     table = summarise(rows, dataset)
     if not table:
         return [f"No finished {dataset} runs yet."]
-    ref = table.get((reference, "adaptive"))
+    variants = {v for v, _ in table}
+    has_ref = reference in variants
+
+    def ref_of(s: Summary) -> Summary | None:
+        """The reference row of `s`'s budget (own depth policy), or None (none trained, or `s` is it)."""
+        name = same_budget(reference, s.variant, variants)
+        return None if name is None or name == s.variant else table.get((name, "adaptive"))
+
+    def gap(s: Summary) -> list[float]:
+        r = ref_of(s)
+        return s.paired(r, train_length) if r is not None else []
+
     multiple = longest // train_length
     lines = [f"| variant | depth policy | seeds | ppl at 1× ({train_length}) | ppl at {multiple}× ({longest}) | "
-             f"ppl {multiple}× / 1× | vs {reference} at 1× (paired) |", "|---|---|---:|---:|---:|---:|---:|"]
+             f"ppl {multiple}× / 1× | vs {reference} at 1× (paired; budget rows: their budget's) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     order = sorted(table, key=lambda k: (k[0] != reference, not k[0].startswith(("regular", "rg")), k[0], k[1]))
     for key in order:
         s = table[key]
         seeds = len(s.at(train_length))
-        vs = _ms(s.paired(ref, train_length), pct=True, digits=1) if ref is not None and key[0] != reference else ""
+        vs = _ms(gap(s), pct=True, digits=1) if ref_of(s) is not None else ""
         lines.append(f"| {s.variant} | {s.policy} | {seeds} | {_ms(s.at(train_length))} | {_ms(s.at(longest))} | "
                      f"{_ms(s.ratio(train_length, longest), digits=3)} | {vs} |")
     regular = [s for (v, _), s in table.items() if v.startswith(("regular", "rg"))]
@@ -145,25 +172,27 @@ def findings_markdown(rows: Sequence[dict[str, Any]], dataset: str, train_length
         ", ".join(f"{s.variant} / {s.policy} ({float(np.mean(s.ratio(train_length, longest))):.3f})"
                   for s in sorted(flat_ones, key=lambda s: float(np.mean(s.ratio(train_length, longest)))))
         if flat_ones else "no RegularGPT variant."))
-    if ref is not None:
-        near = [s for s in regular if s.paired(ref, train_length) and float(np.mean(s.paired(ref, train_length))) <= close]
-        gaps = sorted(regular, key=lambda s: float(np.mean(s.paired(ref, train_length) or [np.inf])))
-        best = gaps[0] if gaps and gaps[0].paired(ref, train_length) else None
-        lines.append(f"- **(b) Within {close:.0%} of {reference} at 1×**: " + (
-            ", ".join(f"{s.variant} / {s.policy} ({_ms(s.paired(ref, train_length), pct=True, digits=1)})" for s in near)
+    if has_ref:
+        near = [s for s in regular if gap(s) and float(np.mean(gap(s))) <= close]
+        gaps = sorted(regular, key=lambda s: float(np.mean(gap(s) or [np.inf])))
+        best = gaps[0] if gaps and gap(gaps[0]) else None
+        lines.append(f"- **(b) Within {close:.0%} of {reference} at 1×** (each at its own training budget): " + (
+            ", ".join(f"{s.variant} / {s.policy} ({_ms(gap(s), pct=True, digits=1)})" for s in near)
             if near else "no RegularGPT variant" + (
                 f"; the closest is {best.variant} / {best.policy} at "
-                f"{_ms(best.paired(ref, train_length), pct=True, digits=1)}" if best else "") + "."))
+                f"{_ms(gap(best), pct=True, digits=1)}" if best else "") + "."))
         both = [s for s in flat_ones if s in near]
         lines.append("- **Both at once**: " + (", ".join(f"{s.variant} / {s.policy}" for s in both) if both
                                                else "none."))
     base_rows = {p: s for (v, p), s in table.items() if v == base}
     effects = []
     for (v, p), s in sorted(table.items()):
-        if v == base or not v.startswith(("regular", "rg")) or p not in base_rows:
+        own_base = same_budget(base, v, variants)  # a budget row's knob is read against its budget's base
+        if own_base is None or v == own_base or not v.startswith(("regular", "rg")) or (own_base, p) not in table:
             continue
-        b = base_rows[p]
-        effects.append(f"| {v} | {p} | {_ms(s.paired(b, train_length), pct=True, digits=1)} | "
+        b = table[(own_base, p)]
+        label = v if own_base == base else f"{v} (vs {own_base})"
+        effects.append(f"| {label} | {p} | {_ms(s.paired(b, train_length), pct=True, digits=1)} | "
                        f"{_ms(s.paired(b, longest), pct=True, digits=1)} |")
     for p in sorted(base_rows):
         if p == "adaptive":
