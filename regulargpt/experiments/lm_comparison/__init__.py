@@ -37,5 +37,5 @@ from regulargpt.experiments.lm_comparison.stages import (
 
 __all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
            "V3_BUDGET_MODELS", "VOCAB", "Plan", "Stage", "Variant", "children_cpu", "discussion", "estimate_table",
-           "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data", "rel_path", "stage_costs", "train_all",
-           "train_overrides", "training_records", "write_readme"]
+           "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data", "rel_path", "stage_costs",
+           "train_all", "train_overrides", "training_records", "write_readme"]

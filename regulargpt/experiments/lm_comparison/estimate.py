@@ -114,7 +114,8 @@ def stage_costs(plan: Plan, recorded: Plan = V2, readme: Path | None = None,
 
 def estimate_table(plans: list[Plan], recorded: Plan = V2) -> str:
     """Markdown: every stage of `plans` in run order, what it answers, its trainings finished so far (a model.pt
-    in the run directory, or every row scored: ``stages.done``), and its estimated CPU minutes (training + scoring) with the running total in hours."""
+    in the run directory, or every row scored: ``stages.done``), and its estimated CPU minutes (training +
+    scoring) with the running total in hours."""
     lines = ["| study | stage | answers | trainings done | est. CPU min (train + scoring) | cumulative h |",
              "|---|---|---|---:|---:|---:|"]
     total = 0.0

@@ -122,7 +122,8 @@ def _what_we_found(plan: Plan) -> list[str]:
         gaps = position_gaps(rows, dataset, plan.train_length)
         if gaps:
             lines += ["", "Where in the window each variant loses at 1×: mean NLL minus ALiBi's by window position "
-                          "(nats, paired by seed; > 0 = worse; a budget row against its budget's ALiBi, column vs):", "", *gaps]
+                          "(nats, paired by seed; > 0 = worse; a budget row against its budget's ALiBi, column vs):",
+                      "", *gaps]
         lines.append("")
     return lines
 

@@ -31,9 +31,13 @@ __all__ = ["children_cpu", "done", "evaluate_all", "missing_rows", "parameter_co
            "receptive_field_dir", "receptive_fields", "train_all", "training_records"]
 
 
+def _show(cmd: list[str]) -> None:
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+
+
 def _run(cmd: list[str]) -> int:
     """Run a command from the repository root, its output to this process's stdout; → its exit code."""
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    _show(cmd)
     return subprocess.run(cmd, cwd=ROOT, check=False).returncode
 
 
@@ -134,7 +138,7 @@ def _launch(plan: Plan, dataset: str, variant: Variant, seed: int) -> _Training:
            "--run-dir", rel_path(run_dir)]
     for item in train_overrides(plan, dataset, seed, variant):
         cmd += ["--set", item]
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    _show(cmd)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "train.log", "ab")  # noqa: SIM115 (closed by _reap)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
