@@ -33,7 +33,6 @@ from regulargpt.config import ConfigError, FormalConfig, formal_config_from_save
 from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
 from regulargpt.experiments.formal_records import (
     OTHER_RULE,
-    SAME_MODEL,
     STALE,
     RunRecord,
     dump_records,
@@ -41,18 +40,26 @@ from regulargpt.experiments.formal_records import (
     read_records,
     standings,
 )
+from regulargpt.experiments.formal_table_text import (
+    FIT_THRESHOLD,
+    STALE_NOTE,
+    cell_text,
+    fit_text,
+    header_lines,
+    marks,
+    protocol_lines,
+    rule_lines,
+)
 from regulargpt.experiments.formal_sweep import STALE_MARK, Profile, RunSpec, recipe_id
 from regulargpt.experiments.table_changes import describe_changes, read_table, same_apart_from_provenance
 from regulargpt.files import atomic_write_text, read_json_object
 from regulargpt.provenance import provenance
 from regulargpt.run_directory import saved_config
 from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE, RANGE_FILE, SWEEP_FILE
-from regulargpt.train.formal_selection import describe_rule, rule_name
+from regulargpt.train.formal_selection import rule_name
 
 __all__ = ["FIT_THRESHOLD", "FinishedRun", "collect_runs", "table1", "table2", "write_tables"]
 
-STALE_NOTE = "(stale: trained with a recipe the profile no longer plans)"
-FIT_THRESHOLD = 0.99  # a run "fits" its training lengths when its mean accuracy over them is at least this
 
 
 @dataclass
@@ -213,88 +220,6 @@ def _settings(runs: list[RunRecord]) -> list[dict[str, Any]]:
              "train_seconds": float(np.mean(row["train_seconds"]))} for row in rows.values()]
 
 
-def _rule_lines(records: list[RunRecord], standing: dict[str, str], cell_rule: dict[tuple[str, str], str]) -> list[str]:
-    """Which checkpoint rule made the runs (one line per rule the profile plans): how many runs it kept, how many
-    kept by the last model are the same model (SAME_MODEL), how many it could still change (OTHER_RULE, ‡)."""
-    lines = []
-    for rule in sorted(set(cell_rule.values()) or {r.rule for r in records}):
-        mine = [r for r in records if cell_rule.get((r.task_id, r.model), r.rule) == rule]
-        same = sum(standing.get(r.name) == SAME_MODEL for r in mine)
-        other = sum(standing.get(r.name) == OTHER_RULE for r in mine)
-        parts = [f"{len(mine) - same - other} runs kept by it"]
-        if same:
-            parts.append(f"{same} kept by the last-model rule (trained before this rule) with a fit of 1.000 over "
-                         f"every training length at their last step, the model this rule keeps too (ties go to "
-                         f"the last)")
-        if other:
-            parts.append(f"{other} kept by the last-model rule, which this rule could change (cells marked ‡; the "
-                         f"sweep trains them again)")
-        lines.append(f"- Checkpoint kept (eval.select_last / select_every): {describe_rule(rule)} (`{rule}`): "
-                     + "; ".join(parts))
-    return lines
-
-
-def _header(title: str, prov: dict[str, str], profile: str, pending: list[str],
-            carried: list[RunRecord] = (), records: list[RunRecord] = (), rules: list[str] = ()) -> list[str]:
-    lines = [f"# {title} — profile `{profile}`", "", f"- Command: `{prov['command']}`", f"- Commit: {prov['commit']}",
-             f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", *rules]
-    if records:
-        trained = [r.trained_at or "not recorded" for r in records]
-        lines.append("- Runs trained by the code at: " + ", ".join(f"{c} ({trained.count(c)})"
-                                                                for c in sorted(set(trained))))
-    if carried:
-        commits = sorted({r.commit for r in carried})
-        lines.append(f"- Carried from the kept table's run records (run folders not in --runs): {len(carried)} runs, "
-                     f"first aggregated at {', '.join(commits)}")
-    stale = [p.split("/")[0] for p in pending if p.endswith(STALE_NOTE)]
-    if stale:
-        per_task = ", ".join(f"{task} {stale.count(task)}" for task in dict.fromkeys(stale))
-        lines.append(f"- Stale (not counted): {len(stale)} runs {STALE_NOTE[len('(stale: '):-1]}: {per_task}")
-    pending = [p for p in pending if not p.endswith(STALE_NOTE)]
-    if pending:
-        lines.append(f"- Pending (not counted): {len(pending)} runs: " + ", ".join(pending))
-    return lines + [""]
-
-
-def _fmt(cell: dict[str, Any] | None) -> str:
-    """``max / mean (n)``; a cell with runs still to come says so: ``… (2 of 3; 1 running)`` or ``pending (0 of 3)``."""
-    if cell is None:
-        return "–"
-    expected = cell.get("expected", cell["n"])
-    if cell["n"] == 0:
-        return f"pending (0 of {expected})"
-    text = f"{cell['max']:.3f} / {cell['mean']:.3f}"
-    return f"{text} ({cell['n']})" if cell["n"] >= expected else f"{text} ({cell['n']} of {expected}; rest pending)"
-
-
-def _marks(cell: dict[str, Any] | None) -> str:
-    """`` †`` when a run of the cell did not fit its training lengths, `` ‡`` when one was kept by another
-    checkpoint rule than the profile plans."""
-    cell = cell or {}
-    return (" †" if cell.get("unfit") else "") + (" ‡" if cell.get("other_rule") else "")
-
-
-def _fmt_fit(cell: dict[str, Any] | None) -> str:
-    """``max / mean`` of the runs' fits, and how many runs are below the threshold: ``0.750 / 0.750 (3 of 3 < 0.99)``."""
-    fits = [f for f in (cell or {}).get("fits", []) if f is not None]
-    if not fits:
-        return "–"
-    text = f"{max(fits):.3f} / {float(np.mean(fits)):.3f}"
-    return f"{text} ({cell['unfit']} of {len(fits)} < {FIT_THRESHOLD:g})" if cell["unfit"] else text
-
-
-def _protocol_lines(proto: dict[str, Any]) -> list[str]:
-    intro = ("Protocol (read from the runs): score = mean per-length accuracy over the evaluated lengths in the "
-             "score range (the authors' code averages 42..500; we include 41).")
-    lines = [intro, ""]
-    for task, entries in proto.items():
-        for e in entries:
-            lines.append(f"- {task}: train lengths {e['train_lengths']}, batch {e['batch_size']}; evaluated "
-                         f"{e['eval_lengths']}, {e['samples_per_length']} sequences per length; score over "
-                         f"{e['score_lengths']}")
-    return lines + [""]
-
-
 def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *, specs: list[RunSpec] | None = None,
                  command: list[str] | None = None, keep: str | Path | None = None,
                  log: Callable[[str], None] = print) -> list[Path]:
@@ -333,9 +258,9 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     model_order = _ordered([s["model"] for s in settings], models)
     settings.sort(key=lambda s: (task_order.index(s["task"]), model_order.index(s["model"])))
     cols = _ordered(sorted({m for row in t1.values() for m in row}), models)
-    md = _header("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried, runs,
-                 _rule_lines(runs, standing, cell_rule))
-    md += _protocol_lines(proto)
+    md = header_lines("Table 1: regular-language length extrapolation", prov, profile_name, pending, carried, runs,
+                 rule_lines(runs, standing, cell_rule))
+    md += protocol_lines(proto)
     md += ["Cells: max / mean over seeds × learning rates of the score (number of finished runs; a cell whose "
            "runs are not all finished says how many of the planned runs it holds). † = at least one of the cell's "
            f"runs did not fit its training lengths (mean accuracy over them < {FIT_THRESHOLD:g}): there a low score "
@@ -353,11 +278,11 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
             continue
         md += [""] + ([f"### {title}", ""] if title else [])
         md += ["| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        md += [f"| {task} | " + " | ".join(_fmt(t1[task].get(m)) + _marks(t1[task].get(m)) for m in cols) + " |"
+        md += [f"| {task} | " + " | ".join(cell_text(t1[task].get(m)) + marks(t1[task].get(m)) for m in cols) + " |"
                for task in rows]
         md += ["", f"Fit on the training lengths{f' ({title})' if title else ''}:", "",
                "| task | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        md += [f"| {task} | " + " | ".join(_fmt_fit(t1[task].get(m)) for m in cols) + " |" for task in rows]
+        md += [f"| {task} | " + " | ".join(fit_text(t1[task].get(m)) for m in cols) + " |" for task in rows]
     md += ["", "Run settings:", "",
            "| task | model | steps | lrs | seeds | d_model | parameters | mean training wall s |",
            "|---|---|---|---|---|---|---|---|"]
@@ -374,11 +299,11 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
     ps = [f"{p:g}" for p in table2_p_one]
     t2_runs = [r for r in runs if r.task_id == table2_task]
     t2_other = {r.model for r in t2_runs if r.name in other_rule}  # ‡ after the model: see Table 1's note
-    md = _header(f"Table 2: {table2_task} trained at P(1) = 0.5, evaluated at other P(1)", prov, profile_name,
+    md = header_lines(f"Table 2: {table2_task} trained at P(1) = 0.5, evaluated at other P(1)", prov, profile_name,
                  [p for p in pending if p.startswith(f"{table2_task}/")],
                  [r for r in carried if r.task_id == table2_task], (),
-                 _rule_lines(t2_runs, standing, {k: v for k, v in cell_rule.items() if k[0] == table2_task}))
-    md += _protocol_lines({k: v for k, v in proto.items() if k == table2_task})
+                 rule_lines(t2_runs, standing, {k: v for k, v in cell_rule.items() if k[0] == table2_task}))
+    md += protocol_lines({k: v for k, v in proto.items() if k == table2_task})
     md += ["Cells: max / mean over seeds × learning rates of the mean accuracy over the lengths named "
            "(number of runs)."]
     for key, title in (("train_lengths", "training lengths"), ("extrapolation", "extrapolation lengths")):
@@ -386,8 +311,8 @@ def write_tables(runs_dir: str | Path, profile: Profile, out_dir: str | Path, *,
                     for e in proto.get(table2_task, [])), "")
         md += ["", f"Over the {title} ({rng}):", "", "| model | " + " | ".join(f"P(1)={p}" for p in ps) + " |",
                "|---" * (len(ps) + 1) + "|"]
-        md += [f"| {model}{' ‡' if model in t2_other else ''} | " + " | ".join(_fmt(row.get(p)) for p in ps) + " |"
-               for model, row in t2[key].items()]
+        md += [f"| {model}{' ‡' if model in t2_other else ''} | "
+               + " | ".join(cell_text(row.get(p)) for p in ps) + " |" for model, row in t2[key].items()]
     payload = {"provenance": prov, "profile": profile_name, "task": table2_task, "p_one": table2_p_one,
                "protocol": proto.get(table2_task, []), "table": t2}
     written += _write(out_dir / f"table2_{profile_name}", "\n".join(md) + "\n", payload, log)

@@ -20,7 +20,7 @@ from regulargpt.experiments.formal_records import RunRecord
 
 __all__ = ["describe_changes", "read_table", "same_apart_from_provenance"]
 
-# The markdown lines of the stamp (formal_tables._header): the only lines that change when nothing else does.
+# The markdown lines of the stamp (formal_table_text.header_lines): the only lines that change when nothing else does.
 _STAMP_PREFIXES = ("- Command:", "- Commit:", "- Machine:", "- Date:")
 
 
