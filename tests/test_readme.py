@@ -71,6 +71,7 @@ TINY: dict[str, tuple[dict[str, str], list[str]]] = {
     "python eval/formal.py sweep --profile cpu --out results/formal/runs --tasks parity_check even_pairs":
         ({}, _FORMAL_SWEEP),
     "python eval/formal.py aggregate --runs results/formal/runs --profile cpu": ({}, []),
+    "python eval/formal.py by-depth --runs results/formal/runs/parity_check/regular_gpt_c2/seed0_lr0.001": ({}, []),
 }
 
 SKIPPED: dict[str, str] = {

@@ -6,6 +6,9 @@ Subcommands (each resumable; rerun the same command to continue)::
     python eval/formal.py range --run runs/parity-c2 --out runs/parity-c2/range.jsonl
     python eval/formal.py range --run runs/parity-c2 --p-one 0.3 --lengths 1-40,41-500:20 --out /tmp/p03.jsonl
 
+    # RegularGPT runs' accuracy grouped by the adaptive depth each evaluated length needs (from range.jsonl)
+    python eval/formal.py by-depth --runs runs/formal/modular_arithmetic_3/regular_gpt_c2/seed* --out by_depth.md
+
     # tasks x models x seeds x learning rates, trained and evaluated under a profile (configs/formal/profiles/)
     python eval/formal.py sweep --profile quick --out results/formal/runs
     python eval/formal.py sweep --profile paper --tasks parity_check --models regular_gpt_c2 --seeds 0 1 --lrs 3e-4
@@ -83,6 +86,23 @@ def cmd_range(args: argparse.Namespace) -> int:
           f"each): {range_score(rows, lo, max_length):.4f}")
     return 0
 
+
+def cmd_by_depth(args: argparse.Namespace) -> int:
+    import shlex
+
+    from regulargpt.evaluation.formal_by_depth import by_depth_markdown, depth_profile
+    from regulargpt.files import atomic_write_text
+    from regulargpt.provenance import provenance
+
+    lines = by_depth_markdown([depth_profile(run) for run in args.runs], args.threshold)
+    print("\n".join(lines))
+    if args.out:
+        prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+        head = [f"# {args.title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
+                f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
+        atomic_write_text(Path(args.out), "\n".join(head + lines))
+        print(f"wrote {args.out}")
+    return 0
 
 
 def _table_json(flag: str, given: str | None, default: Path) -> Path | None:
@@ -180,6 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--p-one", type=fraction, default=None, help="parity_check: evaluate at this P(1), e.g. 0.3")
     p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     p.set_defaults(func=cmd_range)
+
+    p = sub.add_parser("by-depth", help="RegularGPT runs' accuracy grouped by the depth each evaluated length needs")
+    p.add_argument("--runs", nargs="+", required=True, help="run folders with config.resolved.json and range.jsonl, "
+                                                           "e.g. RUNS/modular_arithmetic_3/regular_gpt_c2/seed*")
+    p.add_argument("--threshold", type=fraction, default=0.99, help="accuracy of a depth that holds (default 0.99)")
+    p.add_argument("--out", help="also write the tables with their provenance, e.g. results/formal/by_depth_cpu.md")
+    p.add_argument("--title", default="Accuracy by adaptive depth", help="the report's title")
+    p.set_defaults(func=cmd_by_depth)
 
     p = sub.add_parser("sweep", help="train + range-evaluate tasks x models x seeds x lrs (skips finished runs)")
     p.add_argument("--profile", required=True, help="profile name (configs/formal/profiles/NAME.json) or path")

@@ -147,7 +147,6 @@ def _graded_at(model: nn.Module, task: Task, length: int, samples: int,
 
 
 @torch.no_grad()
-@torch.no_grad()
 def held_out_grades(model: nn.Module, task: Task, lengths: Iterable[int], samples: int,
                     batch_tokens: int = 16384) -> tuple[float, float]:
     """(mean accuracy, mean cross-entropy in nats) over `lengths` on the same fixed strings as
