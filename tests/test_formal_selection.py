@@ -124,7 +124,11 @@ def test_a_new_rule_keeps_the_recorded_runs_it_cannot_change_and_marks_and_retra
     assert cli.main(["sweep", *common, "--out", str(runs), "--recorded", str(table), "--list"]) == 0
     listed = capsys.readouterr().out
     assert "1 runs already recorded" in listed and "2 runs to train or finish" in listed
-    assert listed.strip().splitlines()[-2:] == ["parity_check/c2/seed1_lr0.01", "parity_check/c2/seed2_lr0.01"]
+    lines = listed.strip().splitlines()
+    names = lines.index("parity_check/c2/seed1_lr0.01")
+    assert lines[names + 1] == "parity_check/c2/seed2_lr0.01"
+    assert lines[names + 2].startswith("estimated training time (one thread per run; evaluation not included): ")
+    assert lines[names + 3].startswith("  c2: 2 runs, 12 steps, ") and "(records, 3 runs)" in lines[names + 3]
     assert not (runs / "parity_check").exists()  # --list trains nothing
     assert cli.main(["sweep", *common, "--out", str(runs), "--recorded", str(table)]) == 0
     assert "1 runs already recorded" in capsys.readouterr().out

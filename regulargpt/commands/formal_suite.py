@@ -138,6 +138,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep {profile.name}: {len(specs)} runs to train or finish under {args.out}: "
               + ", ".join(f"{task} {n}" for task, n in per_task.items()))
         print("\n".join(s.name for s in specs))
+        from regulargpt.experiments.formal_cost import estimate_lines, measured_rates
+        from regulargpt.experiments.formal_records import read_records
+
+        print("\n".join(estimate_lines(specs, measured_rates(args.out, read_records(recorded) if recorded else []))))
         return 0
     print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
           f"thread(s))", flush=True)
@@ -225,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "results/formal/table1_<profile>.json if it exists)")
     p.add_argument("--retrain-recorded", action="store_true", help="train recorded runs again too")
     p.add_argument("--list", action="store_true", help="print the runs the sweep would train (not yet recorded) and "
-                                                       "stop; nothing is trained")
+                                                       "their estimated CPU-hours, and stop; nothing is trained")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
