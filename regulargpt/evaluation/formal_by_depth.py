@@ -68,17 +68,17 @@ def depth_profile(run_dir: str | Path) -> DepthProfile:
         raise RangeEvalError(f"{run_dir / RANGE_FILE}: no evaluated lengths; run `python eval/formal.py range --run "
                              f"{run_dir} --out {run_dir / RANGE_FILE}` first")
     c = cfg.model.chunk_size
+    depth_of = {t: adaptive_depth(int(row.get("input_length", t)), c) for t, row in rows.items()}
     groups: dict[int, list[tuple[int, float]]] = {}
     for length, row in sorted(rows.items()):
-        depth = adaptive_depth(int(row.get("input_length", length)), c)
-        groups.setdefault(depth, []).append((length, float(row["accuracy"])))
+        groups.setdefault(depth_of[length], []).append((length, float(row["accuracy"])))
     longest, _ = make_task(cfg.data.task, **cfg.data.task_options).sample(1, cfg.data.max_length,
                                                                            torch.Generator().manual_seed(0))
     depths = {d: (members[0][0], members[-1][0], len(members), float(np.mean([a for _, a in members])))
               for d, members in sorted(groups.items())}
     train_depth = adaptive_depth(longest.shape[1], c)
     control = [float(row["accuracy"]) for t, row in rows.items() if t > cfg.data.max_length
-               and adaptive_depth(int(row.get("input_length", t)), c) <= train_depth]
+               and depth_of[t] <= train_depth]
     return DepthProfile("/".join(run_dir.parts[-3:]), c, train_depth, depths,
                         (len(control), float(np.mean(control))) if control else None)
 
