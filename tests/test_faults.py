@@ -7,6 +7,7 @@ subprocess. The pretraining fixtures (`data_dir`, `zero3_run`) are shared with t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -364,6 +365,46 @@ def test_formal_sweep_survives_kill9_without_duplicate_or_lost_rows(tmp_path: Pa
         assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == \
             list(range(1, 151))
         assert formal_losses(run) == formal_losses(spec.run_dir)
+
+
+@pytest.mark.slow
+def test_formal_sweep_workers_stop_when_the_sweep_process_is_killed(tmp_path: Path) -> None:
+    """Killing only a `--workers 2` sweep's own process once left both workers training for 10 minutes (2026-12-02):
+    each worker now asks Linux for SIGTERM when its parent dies."""
+    import psutil
+
+    configs = _formal_sweep_setup(tmp_path)
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "eval/formal.py", "sweep", "--profile", "k", "--configs", str(configs), "--out", str(out),
+           "--workers", "2", "--set", "train.steps=1000000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs = [out / "parity_check" / "c2" / f"seed{s}_lr0.01" for s in (0, 1)]
+    workers: list[psutil.Process] = []
+    try:
+        wait_for(proc, lambda: all((run / "ckpt.pt").is_file() for run in runs))  # both workers are training
+        assert proc.poll() is None, "the sweep ended before both runs were training"
+        workers = [c for c in psutil.Process(proc.pid).children()
+                   if any("spawn_main" in part for part in c.cmdline())]
+        assert len(workers) == 2
+        proc.kill()
+        proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        running = [w.pid for w in alive if _running(w)]
+        assert not running, f"workers still running after their sweep was killed: {running}"
+    finally:
+        kill_tree(proc)
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+
+
+def _running(process: "psutil.Process") -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 # -------------------------------------------------------------------------------------- eval/extrapolate.py
