@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import sliding_dilated_attention  # noqa: E402
-from regulargpt.provenance import provenance  # noqa: E402
+from regulargpt.provenance import provenance, stamp_lines  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -138,8 +138,7 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
     prov = provenance(command)
     best = max(bandwidth.values())
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
-             f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
-             f"- Date: {prov['date']}", f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
+             *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
              f"B = 1; median of {args.reps} forward+backward passes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
              f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s.", "",

@@ -32,7 +32,7 @@ from regulargpt.cli import non_negative_int, positive_int, run  # noqa: E402
 from regulargpt.config import FormalConfig, load_config  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
 from regulargpt.model import build_model  # noqa: E402
-from regulargpt.provenance import provenance  # noqa: E402
+from regulargpt.provenance import provenance, report_head  # noqa: E402
 from regulargpt.train.formal_trainer import formal_task, seed_stream  # noqa: E402
 
 
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
         prov = provenance(command)
-        head = ["# RegularGPT at initialisation, per init scheme", "", f"- Command: `{prov['command']}`",
-                f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", "",
+        head = [*report_head("RegularGPT at initialisation, per init scheme", prov),
                 "Measured at step 0 (no training) on parity strings of length "
                 f"{args.length}; see the script's docstring for each column.", ""]
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")

@@ -67,3 +67,14 @@ def machine() -> str:
 def provenance(command: str) -> dict[str, str]:
     """``{"command", "commit", "machine", "date"}`` for a report made by `command` (see the module docstring)."""
     return {"command": command, "commit": git_commit(), "machine": machine(), "date": utc_date()}
+
+
+def stamp_lines(prov: dict[str, str]) -> list[str]:
+    """The stamp as markdown bullets: ``- Command: `…```, ``- Git commit: `…```, ``- Machine: …``, ``- Date: …``."""
+    return [f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
+            f"- Date: {prov['date']}"]
+
+
+def report_head(title: str, prov: dict[str, str]) -> list[str]:
+    """A report's first lines: ``# title``, a blank, the stamp's bullets (:func:`stamp_lines`), a blank."""
+    return [f"# {title}", "", *stamp_lines(prov), ""]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from regulargpt import provenance as provenance_module
-from regulargpt.provenance import git_commit, provenance
+from regulargpt.provenance import git_commit, provenance, report_head
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,3 +44,11 @@ def test_a_changed_report_under_results_is_not_dirty_code(tmp_path: Path, monkey
     assert not git_commit().endswith("+dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit().endswith("+dirty")
+
+
+def test_report_head_is_title_blank_four_stamp_bullets_blank() -> None:
+    prov = {"command": "python eval/x.py", "commit": "5737f89c1a2b", "machine": "box (2 cores)",
+            "date": "2026-12-02 13:00 UTC"}
+    assert report_head("Title", prov) == [
+        "# Title", "", "- Command: `python eval/x.py`", "- Git commit: `5737f89c1a2b`", "- Machine: box (2 cores)",
+        "- Date: 2026-12-02 13:00 UTC", ""]

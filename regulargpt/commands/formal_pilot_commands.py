@@ -26,13 +26,8 @@ from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import fraction, non_negative_float, non_negative_int, positive_float, positive_int
 from regulargpt.evaluation.formal_scoring import RangeEvalError
 from regulargpt.experiments.formal_sweep import load_profile, plan_runs
+from regulargpt.provenance import report_head
 from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE, SOLVE_FILE
-
-
-def _report_head(title: str, prov: dict[str, str]) -> list[str]:
-    """A report's first lines: title, then the provenance stamp (command, commit, machine, date), then a blank."""
-    return [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
-            f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
 
 
 def cmd_time_to_solve(args: argparse.Namespace) -> int:
@@ -63,7 +58,7 @@ def cmd_time_to_solve(args: argparse.Namespace) -> int:
         print(lines[-1], flush=True)
     command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     prov = provenance(command)
-    head = [*_report_head(f"Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", prov),
+    head = [*report_head(f"Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", prov),
             f"Every {check.every} steps the held-out score (mean accuracy at lengths "
             f"{', '.join(map(str, check.lengths))}; {check.samples} fixed strings each) is measured without changing "
             f"training; *solved* = the first check at >= {check.threshold}. Training seconds (wall, and CPU of the "
@@ -110,7 +105,7 @@ def cmd_long_run(args: argparse.Namespace) -> int:
         prov = provenance(command)
         title = f"{args.task}: long {args.model} runs"
         plot_curves(curves, out.with_suffix(".png"), title, ylabel)
-        lines = [*_report_head(title, prov),
+        lines = [*report_head(title, prov),
                  f"Profile `{profile.name}`'s recipe for {args.task}/{args.model} (d_model {cfg.model.d_model}, "
                  f"Adam, constant lr {rates}, batch {cfg.train.batch_size}, one length per batch from "
                  f"{cfg.data.min_length}..{cfg.data.max_length}), trained to {args.steps:,} steps in slices of "
@@ -189,7 +184,7 @@ def cmd_pilot_steps(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        head = [*_report_head("Step counts from pilot runs", prov),
+        head = [*report_head("Step counts from pilot runs", prov),
                 (f"*Stable from step*: the first logged step (every `log_every` steps, each batch one length from the "
                  f"training range) from which every logged training batch has accuracy >= {args.threshold}; "
                  if args.criterion == "batches" else
@@ -228,7 +223,7 @@ def cmd_choose_lr(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        head = _report_head("Learning rate from training-length validation", prov)
+        head = report_head("Learning rate from training-length validation", prov)
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
         print(f"wrote {args.out}")
     return 0

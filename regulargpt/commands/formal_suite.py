@@ -48,7 +48,7 @@ from typing import NoReturn
 import torch
 
 from regulargpt.checkpoint import load_model_file
-from regulargpt.commands.formal_pilot_commands import _report_head, add_pilot_parsers
+from regulargpt.commands.formal_pilot_commands import add_pilot_parsers
 from regulargpt.cli import fraction, non_negative_int, positive_float, positive_int, run
 from regulargpt.config import ConfigError, FormalConfig
 from regulargpt.evaluation.formal_scoring import (
@@ -92,13 +92,13 @@ def cmd_by_depth(args: argparse.Namespace) -> int:
 
     from regulargpt.evaluation.formal_by_depth import by_depth_markdown, depth_profile
     from regulargpt.files import atomic_write_text
-    from regulargpt.provenance import provenance
+    from regulargpt.provenance import provenance, report_head
 
     lines = by_depth_markdown([depth_profile(run) for run in args.runs], args.threshold)
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        atomic_write_text(Path(args.out), "\n".join(_report_head(args.title, prov) + lines))
+        atomic_write_text(Path(args.out), "\n".join(report_head(args.title, prov) + lines))
         print(f"wrote {args.out}")
     return 0
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from regulargpt.files import atomic_savefig, atomic_write_text, read_jsonl
-from regulargpt.provenance import provenance
+from regulargpt.provenance import provenance, report_head
 
 __all__ = [
     "ROW_KEY",
@@ -187,8 +187,7 @@ def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: 
     out_dir = Path(out_dir)
     prov = provenance(command)
     groups = aggregate(rows)
-    parts = [f"# {title}", "", f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`",
-             f"- Machine: {prov['machine']}", f"- Date: {prov['date']}", ""]
+    parts = report_head(title, prov)
     if extra:
         parts += [extra, ""]
     for (dataset, split, protocol), g in groups.items():

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from regulargpt.config import load_config
 from regulargpt.evaluation.lm_findings import findings_markdown, position_gaps
-from regulargpt.evaluation.lm_report import aggregate, load_rows, markdown_table, provenance
+from regulargpt.evaluation.lm_report import aggregate, load_rows, markdown_table
 from regulargpt.evaluation.perplexity import model_label
 from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_path, train_overrides
 from regulargpt.experiments.lm_comparison.stages import children_cpu, done, training_records
 from regulargpt.experiments.lm_comparison.v3_report import v3_sections
 from regulargpt.files import atomic_write_text
 from regulargpt.model import adaptive_depth
+from regulargpt.provenance import provenance, stamp_lines
 
 __all__ = ["discussion", "write_readme"]
 
@@ -167,8 +168,7 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
         *([f"> **Superseded** by [{plan.superseded_by}](../{Path(plan.superseded_by).relative_to('results')}) "
            "(4× the training tokens, rows keyed by run variant, the RegularGPT knob ablation). Kept for reference; "
            "its rows merge runs by model name only.", ""] if plan.superseded_by else []),
-        f"- Command: `{prov['command']}`", f"- Git commit: `{prov['commit']}`", f"- Machine: {prov['machine']}",
-        f"- Date: {prov['date']}",
+        *stamp_lines(prov),
     ]
     invocation = plan.out / "invocation.json"
     if started is not None:
