@@ -336,3 +336,40 @@ def test_causal_attention_for_the_last_query_rows(tq: int) -> None:
     for bias in (None, AlibiBias(4)):
         full = causal_attention(q, k, v, bias)
         torch.testing.assert_close(causal_attention(q[:, :, -tq:], k, v, bias, memory_mb=1), full[:, :, -tq:])
+
+
+@pytest.mark.parametrize("position", ["xl_relative", "alibi", "t5", "kerple_log", "kerple_power", "rope", "none",
+                                      "sinusoidal", "learned"])
+def test_transformer_classifier_cannot_count_a_constant_string_unless_positions_enter_the_values(position: str) -> None:
+    """On a string of one repeated token every causal attention row averages identical values, so with positions only
+    in the scores (relative biases, RoPE, none) each layer's output is the same at every position and every length:
+    "a"^n gets one answer for every n (why the Transformer column scores 0.500 on (aa)* and misses only 0^n, n >= 3, on
+    Tomita 4; docs/FORMAL.md). Absolute positions added to the embeddings break the symmetry, and so do RegularGPT's
+    learned pads (their count depends on n)."""
+    from regulargpt.model import TransformerClassifier
+
+    cfg = ModelConfig(architecture="transformer", head="classifier", num_classes=2, vocab_size=3, d_model=16,
+                      n_heads=2, n_layers=3, position=position, max_positions=64)
+    torch.manual_seed(0)
+    model = TransformerClassifier(cfg).double().eval()
+    with torch.no_grad():
+        logits = torch.cat([model(torch.full((1, n), 1)) for n in range(1, 41)])  # (40, 2): lengths 1..40
+    spread = (logits - logits[0]).abs().max().item()
+    if position in ("sinusoidal", "learned"):
+        assert spread > 1e-3
+    else:
+        assert spread < 1e-9
+
+
+@pytest.mark.parametrize("pad", ["learned", "mask"])
+def test_regular_gpt_learned_pads_tell_constant_strings_of_different_lengths_apart(pad: str) -> None:
+    """Learned pads: 1^n gets a different answer for every n in 1..8. Masked pads: only the adaptive depth
+    ceil(log2 n) differs, so n = 5..8 (depth 3) get one answer: the pads carry the count."""
+    model = build_model(_cfg("regular_gpt", head="classifier", num_classes=2, vocab_size=3, chunk_size=2,
+                             thickness=1, pad=pad)).double().eval()
+    with torch.no_grad():
+        logits = torch.cat([model(torch.full((1, n), 1)) for n in range(1, 9)])  # (8, 2): lengths 1..8
+    distinct = torch.cdist(logits, logits).masked_fill(torch.eye(8, dtype=torch.bool), 1.0).min().item() > 1e-6
+    assert distinct == (pad == "learned")
+    if pad == "mask":
+        assert (logits[4:] - logits[4]).abs().max().item() < 1e-9
