@@ -1,6 +1,7 @@
 """The CPU-scale language-model studies as data: which (dataset, variant, seed) a study trains, with which overrides,
 and at which lengths it is scored. ``STUDIES`` holds v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2),
-v2-t256 and v3 (results/lm_cpu_v3, staged: equal compute, training budgets, the windowed baseline); ``DEMO`` is `make demo`'s small version. Paths are relative to the checkout (``ROOT``), whose configs/,
+v2-t256, v3 (results/lm_cpu_v3, staged: equal compute, training budgets, the windowed baseline) and v4
+(results/lm_cpu_v4: large C at T = 256, the paper's regime); ``DEMO`` is `make demo`'s small version. Paths are relative to the checkout (``ROOT``), whose configs/,
 data_prep/, launch/ and eval/ the stages run."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
-           "V3_BUDGET_MODELS", "V3_EQUAL_COMPUTE", "V3_WINDOWS", "VOCAB", "Plan", "Stage", "Variant", "rel_path",
+           "V3_BUDGET_MODELS", "V3_EQUAL_COMPUTE", "V3_WINDOWS", "V4", "V4_EQUAL_COMPUTE", "VOCAB", "Plan", "Stage", "Variant", "rel_path",
            "train_overrides"]
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: regulargpt/experiments/lm_comparison/plans.py
@@ -226,7 +227,35 @@ V3 = Plan(
 )
 V3_EQUAL_COMPUTE = {"alibi": "alibi_l12", "kerple_log": "kerple_log_l12"}  # 4-layer row → its 12-layer row
 V3_WINDOWS = ("nope_w64", "rope_w64", "nope_w64_l12", "rope_w64_l12")
-STUDIES = {"v1": FULL, "v2": V2, "v2-t256": V2_T256, "v3": V3}
+
+# v4 (issue 41): RegularGPT in the paper's own language-model regime. T = 256 with C = 16 or 64: two depth steps, the
+# first a local window of C tokens with a learned scalar per offset, the second dilated by C. Against ALiBi at 4
+# layers (equal parameters) and 8 (equal layer applications: K·L_train = 4·2) and a RoPE window of 64 keys; 300 steps
+# × 16 × 256 = 1.2M tokens (as v2-t256), evaluated to 32× = 8192; seeds 0 and 1, paired.
+_V4_PAIRED = ("rg_c16", "rg_c64", "alibi", "alibi_l8", "rope_w64")
+V4 = Plan(
+    out=ROOT / "results" / "lm_cpu_v4", datasets=("python-stdlib",),
+    models=(
+        Variant("rg_c16", "regular_gpt", ("model.chunk_size=16",), _TRAIN),
+        Variant("rg_c64", "regular_gpt", ("model.chunk_size=64",), _TRAIN),
+        Variant("alibi", "alibi"),
+        Variant("alibi_l8", "alibi", ("model.n_layers=8",), matched="layer_applications"),
+        Variant("rope_w64", "rope", _WINDOW),
+    ),
+    seeds={"python-stdlib": (0, 1)},
+    steps=300, batch_size=16, multiples=32, eval_tokens=16384, train_length=256,
+    stages=(
+        Stage("seed0", "every answer at one seed: RegularGPT C = 16 and 64 against ALiBi-4, ALiBi-8 and the window",
+              tuple((name, (0,)) for name in _V4_PAIRED)),
+        Stage("seed1", "the seed spread of every answer (pairs with seed 0)",
+              tuple((name, (1,)) for name in _V4_PAIRED)),
+    ),
+    receptive_fields=(("rg_c16", ""), ("rg_c16", "train"), ("rg_c64", ""), ("rg_c64", "train"), ("alibi", ""),
+                      ("alibi_l8", ""), ("rope_w64", "")),
+    receptive_field_length=2048,
+)
+V4_EQUAL_COMPUTE = {"alibi": "alibi_l8"}  # 4-layer row → its 8-layer row (RegularGPT's 8 layer applications at T = 256)
+STUDIES = {"v1": FULL, "v2": V2, "v2-t256": V2_T256, "v3": V3, "v4": V4}
 
 
 def rel_path(path: Path) -> str:
