@@ -12,9 +12,10 @@ from regulargpt.config import load_config
 from regulargpt.evaluation.lm_findings import findings_markdown, position_gaps
 from regulargpt.evaluation.lm_report import aggregate, load_rows, markdown_table
 from regulargpt.evaluation.perplexity import model_label
-from regulargpt.experiments.lm_comparison.plans import ROOT, VOCAB, Plan, rel_path, train_overrides
+from regulargpt.experiments.lm_comparison.plans import ROOT, V4, VOCAB, Plan, rel_path, train_overrides
 from regulargpt.experiments.lm_comparison.stages import children_cpu, done, training_records
 from regulargpt.experiments.lm_comparison.v3_report import v3_sections
+from regulargpt.experiments.lm_comparison.v4_report import v4_sections
 from regulargpt.files import atomic_write_text
 from regulargpt.model import adaptive_depth
 from regulargpt.provenance import provenance, stamp_lines
@@ -200,7 +201,7 @@ def write_readme(plan: Plan, counts: dict[str, int], command: str, failed: list[
     seeds = plan.seed_summary()
     lines += ["", "## What we found" if plan.is_ablation else "## Summary", ""]
     lines += _what_we_found(plan) if plan.is_ablation else _summary(plan)
-    lines += v3_sections(plan)  # a staged study's stages and answers (v3); nothing for v1/v2
+    lines += v4_sections(plan) if plan is V4 else v3_sections(plan)  # a staged study's stages and answers
     lines += [
         "", "## Setup", "",
         (f"- Data: {', '.join(plan.datasets)}, each built with `python data_prep/prepare.py --source <dataset> "
