@@ -50,7 +50,7 @@ demo: $(KERNEL)
 	$(PY) launch/generate.py results/demo/lm/runs/python-stdlib/regular_gpt-seed0 --prompt "    def __init__(self" \
 		--max-new-tokens 60 --depth-policy train --seed 0
 
-# Every CPU benchmark behind docs/PERFORMANCE.md and docs/GENERATION.md, one after another (about an hour on 2 cores).
+# Every CPU benchmark behind docs/KERNELS.md, docs/THROUGHPUT.md and docs/GENERATION.md, one after another (about an hour on 2 cores).
 bench: $(KERNEL)
 	$(PY) eval/bench_dispatch.py --out results/bench_dispatch.md
 	$(PY) eval/bench_attention.py --out results/bench_attention.md
@@ -60,7 +60,7 @@ bench: $(KERNEL)
 	OMP_NUM_THREADS=1 $(PY) eval/bench_generate.py --out results/bench_generate.md
 
 # The wheels eval/gpu_check.sh installs on a GPU machine whose image has no deepspeed (eval/gpu_deps.py; pip and PyPI
-# here, offline there): git-ignored, carried with the check (docs/PERFORMANCE.md, "Checking a GPU machine").
+# here, offline there): git-ignored, carried with the check (docs/GPU_CHECK.md).
 gpu-wheels: $(STAMP)
 	$(PY) eval/gpu_deps.py download --out eval/gpu_wheels
 

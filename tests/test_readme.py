@@ -32,7 +32,7 @@ README = ROOT / "README.md"
 _LM = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "data.seq_len=32", "--set",
        "train.batch_size=2", "--set", "train.steps=4", "--set", "train.save_every=2", "--set", "train.eval_every=2",
        "--set", "train.eval_batches=1", "--set", "logging.progress=false"]
-_FORMAL_SWEEP = ["--models", "regular_gpt_c2", "--seeds", "0", "--set", "train.steps=3", "--set",
+_FORMAL_SWEEP = ["--set", "train.steps=3", "--set",
                  "eval.max_length=45", "--set", "eval.samples_per_length=4", "--set", "eval.select_last=1"]
 
 # README's Hugging Face snippet (a ```python block), run as `python -c` after the export it loads
@@ -52,37 +52,39 @@ TINY: dict[str, tuple[dict[str, str], list[str]]] = {
     "--set data.path=data/stdlib-2k": ({}, _LM),
     "python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/regular_gpt-seed0 "
     "--extend-to 600": ({"--extend-to 600": "--extend-to 6"}, _LM),
-    "python launch/export.py runs/regular_gpt-seed0": ({}, []),
-    "python launch/export.py runs/regular_gpt-seed0 --format hf --out exports/rgpt": ({}, []),
-    shlex.join(["python", "-c", HF_SNIPPET]): ({"max_new_tokens=40": "max_new_tokens=8"}, []),
     "python eval/plan_scale.py --config configs/base.json --gpus-per-node 8 --gpu-memory-gb 80 --nodes 1": ({}, []),
+    # the corpus configs/base.json reads (data.path=data/python-stdlib, vocab 8000), from a slice of the library
+    "python data_prep/prepare.py --source python-stdlib --out data/python-stdlib":
+        ({}, ["--max-bytes", "2000000", "--num-proc", "1"]),
     "python eval/extrapolate.py --runs runs/alibi-seed0 runs/regular_gpt-seed0 --data data/stdlib-2k "
     "--out results/lm": ({}, ["--lengths", "32,64", "--tokens", "2048", "--no-progress"]),
     "python eval/extrapolate.py --runs runs/regular_gpt-seed0 --data data/stdlib-2k --out results/lm "
     "--depth-policy train": ({}, ["--lengths", "32,64", "--tokens", "2048", "--no-progress"]),
     "python launch/generate.py runs/regular_gpt-seed0 --prompt 'def ' --max-new-tokens 200 --temperature 0.8 "
     "--top-k 50 --stream": ({"--max-new-tokens 200": "--max-new-tokens 20"}, []),
+    "python launch/export.py runs/regular_gpt-seed0": ({}, []),
+    "python launch/export.py runs/regular_gpt-seed0 --format hf --out exports/rgpt": ({}, []),
+    shlex.join(["python", "-c", HF_SNIPPET]): ({"max_new_tokens=40": "max_new_tokens=8"}, []),
     "python launch/submit.py --configs configs/tiny/regular_gpt.json configs/tiny/alibi.json --seeds 0 1 "
     "--data data/stdlib-2k --nodes 1 --gpus-per-node 2 --cpus-per-task 8 --dry-run": ({}, []),
     "python launch/train_formal.py --config configs/formal/parity_check.json --set model.d_model=64 "
     "--set train.steps=1000 --set train.lr=1e-3 --run-dir runs/parity-c2 --time-to-solve":
         ({"train.steps=1000": "train.steps=20", "--time-to-solve": "--time-to-solve 10"},
          ["--set", "logging.progress=false"]),
-    "python eval/formal.py sweep --profile cpu --out results/formal/runs --tasks parity_check even_pairs":
-        ({}, _FORMAL_SWEEP),
-    "python eval/formal.py aggregate --runs results/formal/runs --profile cpu": ({}, []),
-    "python eval/formal.py by-depth --runs results/formal/runs/parity_check/regular_gpt_c2/seed0_lr0.001": ({}, []),
+    "python eval/formal.py sweep --profile quick --tasks parity_check --models regular_gpt_c2 --seeds 0 "
+    "--out runs/formal": ({}, _FORMAL_SWEEP),
+    "python eval/formal.py aggregate --runs runs/formal --profile quick --out-dir runs/formal": ({}, []),
+    "python eval/formal.py by-depth --runs runs/formal/parity_check/regular_gpt_c2/seed0_lr0.001": ({}, []),
 }
 
 SKIPPED: dict[str, str] = {
-    "make demo": "four trainings of 200 steps and their evaluation, about 5 minutes on 2 cores; its stages are "
-                 "tests/test_lm_comparison.py's",
+    "make demo": "four trainings of 200 steps and their evaluation, about 5 minutes on 2 cores after the install; "
+                 "its stages are tests/test_lm_comparison.py's",
     "make test": "the suite this test is part of",
     "deepspeed launch/pretrain.py --config configs/base.json": "the KERPLE-scale run (12 × 768, T = 512, 50,000 "
-                                                               "steps, bf16) is for GPUs",
-    "python launch/generate.py results/demo/lm/runs/python-stdlib/regular_gpt-seed0 --prompt '    def __init__(self' "
-    "--max-new-tokens 60 --depth-policy train --seed 0": "a transcript of `make demo`'s sample: it needs the demo's "
-                                                         "run (the same command runs at the end of `make demo`)",
+                                                               "steps, bf16) is for GPUs: on CPU it measures the "
+                                                               "peak FLOP/s for minutes, then takes minutes a step; "
+                                                               "the deepspeed launcher is run by tests/test_pretrain.py",
 }
 
 

@@ -120,7 +120,7 @@ def _budgets(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest:
 
 
 def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest: int) -> list[str]:
-    lines = ["### RegularGPT under `depth_policy=train` against a 64-token window (issue 28)", "",
+    lines = ["### RegularGPT under `depth_policy=train` against a 64-token window", "",
              f"Under `train` the depth is fixed at L_train = ceil(log_C {t}), so the reach is too: each of the K "
              f"sub-layers of depth step l reads C keys C^l apart, so the last prediction reads the last "
              f"K·(C^L_train − 1) + 1 tokens (253 for C = 4 and C = 8 with K = 4 at T = {t}; {t} with K = 1) and "
