@@ -15,9 +15,10 @@ file is refused with the command that re-prepares it. Writes OUT/results.jsonl (
 step and weights sha256 it scored and the split's fingerprint, the manifest's sha256 and token count; rows already
 there for the same weights and data are not recomputed, and the sweep says how many; rows of a folder since
 rebuilt with other content are rescored, and the tables read only the new ones), then OUT/table.md,
-OUT/ppl_vs_length.png and OUT/loss_vs_position.png from every row in the file, and prints the tables. A run directory whose model.pt is older
-than the run's newest checkpoint is refused (export it again, or name the model.pt to score those weights);
---depth-policy applies to the RegularGPT runs among --runs, the others are scored as they are.
+OUT/ppl_vs_length.png and OUT/loss_vs_position.png from every row in the file, and prints the tables. A run
+directory whose model.pt is older than the run's newest checkpoint is refused (export it again, or name the
+model.pt to score those weights); --depth-policy applies to the RegularGPT runs among --runs, the others are scored
+as they are.
 """
 
 from __future__ import annotations

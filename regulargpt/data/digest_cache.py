@@ -51,7 +51,8 @@ def file_sha256(path: str | Path) -> tuple[str, bool]:
     path = Path(path)
     key, version = str(path.resolve()), _version(path)
     hit = _entries().get(key)
-    if isinstance(hit, dict) and isinstance(hit.get("sha256"), str) and all(hit.get(k) == v for k, v in version.items()):
+    if isinstance(hit, dict) and isinstance(hit.get("sha256"), str) and all(hit.get(k) == v
+                                                                          for k, v in version.items()):
         return hit["sha256"], True
     digest = sha256_file(path)
     if _version(path) == version:

@@ -15,9 +15,9 @@ command that rebuilds the folder with its own tokenizer, e.g.
 
     token file data/tiny/test.bin fails its block check: block at offset 0 (65536 bytes): sha256 expected
     <12 hex digits>… got <12 hex digits>…; the file changed after data/tiny/manifest.json was written (damaged,
-    truncated or rewritten in place); re-prepare the folder: python data_prep/prepare.py --source python-stdlib --out data/tiny
-    --tokenizer data/tiny/tokenizer.model --text-field text --max-bytes 300000 --seed 0 --val-fraction 0.05
-    --test-fraction 0.05 --force
+    truncated or rewritten in place); re-prepare the folder: python data_prep/prepare.py --source python-stdlib
+    --out data/tiny --tokenizer data/tiny/tokenizer.model --text-field text --max-bytes 300000 --seed 0
+    --val-fraction 0.05 --test-fraction 0.05 --force
 
 A manifest written before block checksums were recorded (no ``blocks``) is checked as far as it allows; the
 returned note says so and how to add them.
