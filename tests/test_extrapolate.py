@@ -403,7 +403,7 @@ def test_rows_of_a_rebuilt_folder_are_rescored_and_the_tables_read_only_the_new_
     second = sweep([run], data, "test", [16, 32], out, progress=False)
     fresh = sweep([run], data, "test", [16, 32], tmp_path / "fresh", progress=False)
     assert [r["ppl"] for r in second] == [r["ppl"] for r in fresh] != [r["ppl"] for r in first]
-    assert (f"rescored 2 (run, length) row(s) of {out}/results.jsonl that scored other content (split sha256 "
+    assert (f"rescored 2 (run, length) row(s) of {out}/results.jsonl: they scored other content (split sha256 "
             f"{old_sha[:12]}…, 1,100 tokens; now {new_sha[:12]}…, 1,100 tokens)") in capsys.readouterr().err
     _rebuild(data, rng.integers(0, VOCAB, 900))  # another token count: other row keys
     third = sweep([run], data, "test", [16, 32], out, progress=False)
@@ -419,7 +419,8 @@ def test_rows_that_record_no_data_identity_are_rescored(data: Path, tmp_path: Pa
     del row["split_fingerprint"]  # a row written before rows recorded the data they scored
     (out / "results.jsonl").write_text(json.dumps(row) + "\n")
     assert len(sweep([run], data, "test", [16], out, progress=False)) == 1
-    assert "that record no split fingerprint (written before rows recorded" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"rescored 1 (run, length) row(s) of {out}/results.jsonl: they record no split fingerprint" in err
 
 
 @pytest.mark.slow

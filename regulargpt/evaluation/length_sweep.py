@@ -183,8 +183,8 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
               f"same weights and data; not rescored", file=sys.stderr, flush=True)
     for why, count in replaced.items():
         if rank == 0:
-            print(f"rescored {count} (run, length) row(s) of {results.path} that {why} ({data.path}); the tables "
-                  f"read only rows of the current content", file=sys.stderr, flush=True)
+            print(f"rescored {count} (run, length) row(s) of {results.path}: they {why}; the tables read only rows "
+                  f"of {data.path}'s current content", file=sys.stderr, flush=True)
     _barrier()
     return rows
 
