@@ -150,6 +150,13 @@ def test_an_old_manifest_without_blocks_works_and_says_so_once(data_dir: Path, t
     assert note.startswith(f"note: {folder}/manifest.json records no block checksums for its splits")
     assert f"--tokenizer {folder}/tokenizer.model" in note and note.endswith("--force")
     assert open_split(folder, "test", verify="full").verified == "full"  # its sha256 allows the full check
+    from regulargpt.evaluation.length_sweep import sweep
+
+    run = _model(folder, tmp_path / "run")
+    for length in (32, 64):  # two sweeps in one process (as sweep_runs makes for runs of other eval settings)
+        [row] = sweep([str(run)], folder, "test", [length], tmp_path / "out", progress=False)
+        assert row["data_verified"] == "size"
+    assert capsys.readouterr().err.count("records no block checksums") == 1
 
 
 def test_damaged_train_split_refuses_the_data_config_level_and_size_lets_it_through(

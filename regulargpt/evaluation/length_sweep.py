@@ -68,6 +68,9 @@ __all__ = [
     "variant_id",
 ]
 
+_NOTED: set[str] = set()  # the notes on data folders already printed (a manifest without block checksums)
+
+
 def result_row(info: RunInfo, dataset: str, split: str, plan: WindowPlan, protocol: Protocol,
                nll_sum: np.ndarray, counts: np.ndarray, seconds: float, **extra: Any) -> dict[str, Any]:
     """A finished row: token-weighted mean NLL, ppl = exp(NLL), per-position octave buckets."""
@@ -135,7 +138,8 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
                         f"its own end (use a stride <= every length, or leave it out for L/2)")
     rank, world = distributed_context()
     data = open_eval_split(data_dir, split, verify)
-    if data.note and rank == 0:
+    if data.note and rank == 0 and data.note not in _NOTED:  # once per process (sweep_runs calls per group)
+        _NOTED.add(data.note)
         print(f"note: {data.note}", file=sys.stderr, flush=True)
     dataset = Path(data_dir).resolve().name
     counts = plan_tokens(len(data), lengths, tokens, protocol)
