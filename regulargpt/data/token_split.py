@@ -3,7 +3,8 @@ each split's flat token stream, memory-mapped read-only.
 
 The folder holds `tokenizer.model`, `train.bin`, `val.bin`, `test.bin` (uint16 when the vocabulary fits, else uint32)
 and `manifest.json` (format_version, dtype, vocab_size, eos_id, tokenizer {file, sha256}, splits {tokens, documents,
-file}). Example:
+file, sha256, blocks}; the last two are what regulargpt.data.verify checks a split against when it is opened).
+Example:
 
     split = open_split("data/stdlib", "val", vocab_size=8000)
     len(split) == load_manifest("data/stdlib")["splits"]["val"]["tokens"]  # True
