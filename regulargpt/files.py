@@ -46,6 +46,7 @@ __all__ = [
     "atomic_write_bytes",
     "fsync_dir",
     "read_jsonl",
+    "remove_dead_temporaries",
     "sha256_file",
 ]
 
@@ -149,6 +150,45 @@ def atomic_open(path: str | Path, previous: str | Path | None = None) -> Iterato
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (one that exists but is not ours counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_temporaries(path: str | Path) -> list[Path]:
+    """Remove what writers of `path` killed mid-write left beside it → the removed paths.
+
+    A writer names its temporary ``.<name>.<pid>.tmp`` (:func:`atomic_open`) or ``.<name>.<pid>.tmp-<suffix>`` (a
+    folder built beside its target); a SIGKILL leaves it behind, possibly gigabytes. Those whose pid no longer runs
+    are removed; a running writer's are kept. Example: beside ``runs/a/model.pt``, ``.model.pt.4242.tmp`` goes
+    when process 4242 has ended, ``.model.pt.<this pid>.tmp`` and ``.model.pt.tmp`` stay.
+    """
+    path = Path(path)
+    prefix = f".{path.name}."
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    for leftover in sorted(path.parent.iterdir()):
+        pid, tmp, rest = leftover.name.removeprefix(prefix).partition(".tmp")
+        if (not leftover.name.startswith(prefix) or not tmp or not pid.isdigit() or (rest and rest[0] != "-")
+                or _pid_alive(int(pid))):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from regulargpt.checkpoint import save_model_file
 from regulargpt.config import Config, DataConfig, ModelConfig, TrainConfig
-from regulargpt.evaluation.lm_report import load_rows, write_report
+from regulargpt.evaluation.lm_report import aggregate, load_rows, write_report
 from regulargpt.evaluation.length_sweep import ResultsFile, sweep
 from regulargpt.evaluation.perplexity import EvalError, plan_tokens, plan_windows, position_buckets
 from regulargpt.files import TornLineWarning
@@ -373,3 +374,68 @@ def test_depth_policy_applies_to_regular_gpt_runs_and_leaves_the_others_alone(da
     rgpt = _run(tmp_path / "rgpt", data, architecture="regular_gpt", position="none")
     rows = sweep([alibi, rgpt], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False, depth_policy="train")
     assert [(r["run"], r["depth_policy"]) for r in rows] == [(alibi, None), (rgpt, "train")]
+
+
+# ------------------------------------------------------------------------- rows keyed by the data's content
+
+
+def _rebuild(folder: Path, tokens: np.ndarray) -> str:
+    """The folder prepared again with other content: new files, a manifest with their sha256 → test.bin's."""
+    shutil.rmtree(folder, ignore_errors=True)
+    _write_data(folder, tokens)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for info in manifest["splits"].values():
+        info["sha256"] = hashlib.sha256((folder / info["file"]).read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return manifest["splits"]["test"]["sha256"]
+
+
+def test_rows_of_a_rebuilt_folder_are_rescored_and_the_tables_read_only_the_new_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37 §2: the same --out after the folder was rebuilt with other content gives the numbers of a fresh
+    --out, whether the token count (and so the row key) stayed the same or not."""
+    rng, data, out = np.random.default_rng(1), tmp_path / "tinyset", tmp_path / "out"
+    old_sha = _rebuild(data, rng.integers(0, VOCAB, STREAM))
+    run = _run(tmp_path / "r", data)
+    first = sweep([run], data, "test", [16, 32], out, progress=False)
+    assert {json.dumps(r["split_fingerprint"]) for r in first} == {json.dumps({"sha256": old_sha, "tokens": STREAM})}
+    new_sha = _rebuild(data, rng.integers(0, VOCAB, STREAM))  # same token count: the same row keys
+    second = sweep([run], data, "test", [16, 32], out, progress=False)
+    fresh = sweep([run], data, "test", [16, 32], tmp_path / "fresh", progress=False)
+    assert [r["ppl"] for r in second] == [r["ppl"] for r in fresh] != [r["ppl"] for r in first]
+    assert (f"rescored 2 (run, length) row(s) of {out}/results.jsonl: they scored other content (split sha256 "
+            f"{old_sha[:12]}…, 1,100 tokens; now {new_sha[:12]}…, 1,100 tokens)") in capsys.readouterr().err
+    _rebuild(data, rng.integers(0, VOCAB, 900))  # another token count: other row keys
+    third = sweep([run], data, "test", [16, 32], out, progress=False)
+    assert "1,100 tokens; now" in capsys.readouterr().err and len(load_rows(out / "results.jsonl")) == 6
+    cells = aggregate(load_rows(out / "results.jsonl"))[("tinyset", "test", "nonoverlapping")]["cells"]
+    assert sorted((length, ppl) for (_, length), ppl in cells.items()) == [(r["length"], [r["ppl"]]) for r in third]
+
+
+def test_rows_that_record_no_data_identity_are_rescored(data: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    run, out = _run(tmp_path / "r", data), tmp_path / "out"
+    [row] = sweep([run], data, "test", [16], out, progress=False)
+    del row["split_fingerprint"]  # a row written before rows recorded the data they scored
+    (out / "results.jsonl").write_text(json.dumps(row) + "\n")
+    assert len(sweep([run], data, "test", [16], out, progress=False)) == 1
+    err = capsys.readouterr().err
+    assert f"rescored 1 (run, length) row(s) of {out}/results.jsonl: they record no split fingerprint" in err
+
+
+@pytest.mark.slow
+def test_a_folder_prepared_again_with_another_seed_is_rescored_into_the_same_out(data_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    from regulargpt.data import prepare
+
+    folder, out = tmp_path / "stdlib", tmp_path / "out"
+    shutil.copytree(data_dir, folder)
+    run = _run(tmp_path / "r", folder, vocab_size=512)
+    first = sweep([run], folder, "test", [TRAIN_LEN], out, progress=False)
+    prepare("python-stdlib", folder, tokenizer=folder / "tokenizer.model", max_bytes=400_000, val_fraction=0.2,
+            seed=1, num_proc=1, log=lambda line: None)  # the fixture's options, another document split
+    second = sweep([run], folder, "test", [TRAIN_LEN], out, progress=False)
+    fresh = sweep([run], folder, "test", [TRAIN_LEN], tmp_path / "fresh", progress=False)
+    assert [r["ppl"] for r in second] == [r["ppl"] for r in fresh] != [r["ppl"] for r in first]
+    [group] = aggregate(load_rows(out / "results.jsonl")).values()
+    assert list(group["cells"].values()) == [[second[0]["ppl"]]]  # the table: the new number only

@@ -321,3 +321,29 @@ def test_only_regulargpt_hf_imports_transformers() -> None:
             if any(n == "transformers" or n.startswith("transformers.") for n in names):
                 importers.append(path.relative_to(ROOT).as_posix())
     assert importers and all(p.startswith("regulargpt/hf/") for p in importers), importers
+
+
+def test_leftovers_of_killed_exports_go_at_the_next_start_and_a_set_aside_export_comes_back(
+        data_dir: Path, tmp_path: Path) -> None:
+    """Issue 37 §3: what an export killed mid-write left (`.<name>.<pid>.tmp` files, `.<name>.<pid>.tmp-*` folders of
+    an ended pid) is removed when the next export starts, also when that export then fails; a running writer's and
+    other names stay. An earlier hf export set aside as `.hf.old` by an export killed between its two renames
+    comes back."""
+    from regulargpt.hf.export import _recover
+
+    cli = load_script("launch/export.py")
+    run = _save_run(tmp_path / "run", data_dir, **_dense("rope"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    gone = [f".model.pt.{dead}.tmp", f".model.safetensors.{dead}.tmp", f".hf.{dead}.tmp-k2j4x9"]
+    stay = [f".model.pt.{os.getpid()}.tmp", ".model.pt.tmp", f".other.{dead}.tmp", f".hf.{dead}.tmpfile"]
+    for name in gone + stay:
+        (run / name).mkdir() if name.startswith(".hf") else (run / name).write_bytes(b"partial weights")
+    with pytest.raises(UserError, match="no checkpoint yet"):  # a run without checkpoints: nothing to consolidate
+        cli.main([str(run)])
+    assert cli.main([str(run), "--format", "safetensors"]) == 0
+    assert cli.main([str(run), "--format", "hf", "--out", str(run / "hf")]) == 0
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == sorted(stay)
+    (run / "hf").rename(run / ".hf.old")  # killed after setting the earlier export aside, before the new one moved in
+    _recover(run / "hf")
+    assert (run / "hf" / "config.json").is_file() and not (run / ".hf.old").exists()

@@ -32,6 +32,7 @@ from typing import NoReturn
 
 from regulargpt.cli import positive_int, run
 from regulargpt.errors import UserError
+from regulargpt.files import remove_dead_temporaries
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_dir, cfg, model, meta = run_weights(args.run_dir, args.step)
         path = Path(args.out) if args.out else (run_dir or Path(args.run_dir).parent) / "model.safetensors"
+        remove_dead_temporaries(path)  # left by an export killed mid-write
         save_safetensors_file(path, cfg, model, meta)
     else:
         if importlib.util.find_spec("transformers") is None:

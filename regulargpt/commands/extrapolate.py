@@ -10,11 +10,15 @@ Examples:
 Lengths, protocol, stride, tokens and memory budget default to each run's saved config (its `eval` section: the tiny
 configs say 64…2048, configs/base.json 512…16384); a flag overrides that field for every run.
 
-Writes OUT/results.jsonl (one row per run × length, with the step and weights sha256 it scored; rows already there
-for the same weights are not recomputed, and the sweep says how many), then OUT/table.md, OUT/ppl_vs_length.png and
-OUT/loss_vs_position.png from every row in the file, and prints the tables. A run directory whose model.pt is older
-than the run's newest checkpoint is refused (export it again, or name the model.pt to score those weights);
---depth-policy applies to the RegularGPT runs among --runs, the others are scored as they are.
+The split is checked against its manifest first (--verify-data: size, blocks or full; docs/DATA.md); a damaged
+file is refused with the command that re-prepares it. Writes OUT/results.jsonl (one row per run × length, with the
+step and weights sha256 it scored and the split's fingerprint, the manifest's sha256 and token count; rows already
+there for the same weights and data are not recomputed, and the sweep says how many; rows of a folder since
+rebuilt with other content are rescored, and the tables read only the new ones), then OUT/table.md,
+OUT/ppl_vs_length.png and OUT/loss_vs_position.png from every row in the file, and prints the tables. A run
+directory whose model.pt is older than the run's newest checkpoint is refused (export it again, or name the
+model.pt to score those weights); --depth-policy applies to the RegularGPT runs among --runs, the others are scored
+as they are.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from regulargpt.checkpoint import CheckpointError
+from regulargpt.data.verify import LEVELS
 from regulargpt.cli import non_negative_int, positive_float, positive_ints, run
 from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
@@ -73,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                         "--depth-policy train")
     p.add_argument("--batch-size", type=non_negative_int, default=0,
                    help="windows per forward, capped by --memory-gb (default 0 = the largest that fits), e.g. --batch-size 1")
+    p.add_argument("--verify-data", choices=LEVELS, default="blocks",
+                   help="check the split against its manifest before scoring: size, blocks (default: size + 64 "
+                        "sampled blocks, at most 4 MiB read) or full (the whole file's sha256, once per file "
+                        "version; docs/DATA.md), e.g. --verify-data full")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the per-row lines are still printed)")
     return p
@@ -86,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {"lengths": args.lengths, "protocol": args.protocol, "stride": args.stride, "tokens": args.tokens,
                      "memory_gb": args.memory_gb}
         sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
-                   device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy)
+                   device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
+                   verify=args.verify_data)
     except (EvalError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ PARENT_AT_START = os.getppid()  # before the slow imports: a launcher killed mea
 
 from regulargpt.cli import positive_int, run  # noqa: E402
 from regulargpt.config import Config, load_config  # noqa: E402
+from regulargpt.data.verify import LEVELS  # noqa: E402
 
 
 def summary_lines(summary: dict[str, Any], cfg: Config, run_dir: Path) -> list[str]:
@@ -77,8 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="continue the finished run in the run directory to N optimizer steps, the LR schedule "
                         "re-planned from its last step (docs/TRAINING.md); rerun with the same flag to resume, "
                         "e.g. --extend-to 20000")
+    p.add_argument("--verify-data", choices=LEVELS,
+                   help="check the data splits against their manifest at start: size, blocks (default: size + 64 "
+                        "sampled blocks, at most 4 MiB read) or full (the whole file's sha256, once per file "
+                        "version); the same as --set data.verify=LEVEL (docs/DATA.md), e.g. --verify-data full")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     args = p.parse_args(argv)
+    if args.verify_data:
+        args.set.append(f"data.verify={args.verify_data}")
     cfg = load_config(args.config, args.set)
     from regulargpt.train import default_run_dir, train
 

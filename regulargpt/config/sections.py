@@ -135,6 +135,9 @@ class DataConfig(_Section):
 
     path: str = ""  # folder written by data_prep/prepare.py
     seq_len: int = 512  # language-model training length T
+    # how the splits are checked against the manifest at every start: size, blocks (size + 64 sampled 64 KiB
+    # blocks) or full (+ the whole file's sha256, once per file version); regulargpt.data.verify, docs/DATA.md
+    verify: Literal["size", "blocks", "full"] = "blocks"
 
     section: ClassVar[str] = "data"
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from tqdm.auto import tqdm
 
+from regulargpt.data.integrity import block_checksums
 from regulargpt.data.sources import DataError, Source, load_documents, resolve_source
 from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from regulargpt.data.tokenizer_replacement import check_replacement
@@ -188,7 +189,7 @@ def _write_splits(out: Path, encoded: datasets.Dataset, codes: np.ndarray, nchar
                 tqdm(total=total, unit="tok", desc=f"writing {name}.bin", file=sys.stderr) as bar:
             sha = _write_tokens(f, _token_batches(encoded.select(index), dtype), bar)
         splits[name] = {"tokens": total, "documents": len(index), "chars": int(nchars[index].sum()),
-                        "file": f"{name}.bin", "sha256": sha}
+                        "file": f"{name}.bin", "sha256": sha, "blocks": block_checksums(out / f"{name}.bin")}
     return splits
 
 

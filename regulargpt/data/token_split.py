@@ -3,7 +3,8 @@ each split's flat token stream, memory-mapped read-only.
 
 The folder holds `tokenizer.model`, `train.bin`, `val.bin`, `test.bin` (uint16 when the vocabulary fits, else uint32)
 and `manifest.json` (format_version, dtype, vocab_size, eos_id, tokenizer {file, sha256}, splits {tokens, documents,
-file}). Example:
+file, sha256, blocks}; the last two are what regulargpt.data.verify checks a split against when it is opened).
+Example:
 
     split = open_split("data/stdlib", "val", vocab_size=8000)
     len(split) == load_manifest("data/stdlib")["splits"]["val"]["tokens"]  # True
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from regulargpt.data.reprepare import reprepare_command
 from regulargpt.data.sources import KNOWN_SOURCES, DataError
+from regulargpt.data.verify import DEFAULT_LEVEL, verify_split_file
 from regulargpt.files import read_json_object, sha256_file
 
 FORMAT_VERSION = 1
@@ -35,18 +38,19 @@ def _require(mapping: dict, key: str, kind: type | tuple[type, ...], where: str,
 
 def load_manifest(data_dir: str | Path, vocab_size: int | None = None) -> dict:
     """Read and validate `<data_dir>/manifest.json`; DataError naming the folder, file or key otherwise.
-    `vocab_size` (the model's) goes into the hint for a missing folder, so following it gives matching data.
+    `vocab_size` (the model's) goes into the hint for a missing folder, so following it gives matching data; a
+    folder that still holds its tokenizer.model gets a hint that keeps it (:mod:`regulargpt.data.reprepare`).
 
     Example:
 
         load_manifest("data/stdlib")["dtype"]  # 'uint16'
     """
     data_dir = Path(data_dir)
-    vocab = f" --vocab-size {vocab_size}" if vocab_size else ""
     # the source a folder's name suggests (data/debian-prose → debian-prose), else the one every machine has
     source = next((known for known in sorted(KNOWN_SOURCES, key=len, reverse=True) if known in data_dir.name),
                   "python-stdlib")
-    hint = f"run `python data_prep/prepare.py --source {source} --out {data_dir}{vocab}` (or another --source)"
+    # a folder that still holds its tokenizer is rebuilt with it (--tokenizer): its runs were trained with it
+    hint = f"run `{reprepare_command(data_dir, None, source, vocab_size)}` (or another --source)"
     if not data_dir.is_dir():
         raise DataError(f"data folder {data_dir} does not exist; {hint}")
     path = data_dir / MANIFEST
@@ -75,7 +79,9 @@ def load_manifest(data_dir: str | Path, vocab_size: int | None = None) -> dict:
 
 
 class TokenSplit:
-    """One split of a prepared data folder, memory-mapped read-only: `len(split)` tokens in `split.tokens`.
+    """One split of a prepared data folder, memory-mapped read-only: `len(split)` tokens in `split.tokens`, checked
+    against the manifest at level `verify` (regulargpt.data.verify: size, blocks by default, or full; a mismatch
+    is a DataError naming the check and the re-prepare command).
 
     Example:
 
@@ -83,7 +89,8 @@ class TokenSplit:
         split.tokens[:5], split.manifest["dtype"], split.tokenizer_path  # memmap, 'uint16', data/stdlib/tokenizer.model
     """
 
-    def __init__(self, data_dir: str | Path, split: str, vocab_size: int | None = None) -> None:
+    def __init__(self, data_dir: str | Path, split: str, vocab_size: int | None = None,
+                 verify: str = DEFAULT_LEVEL) -> None:
         self.data_dir = Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
         self.name = split
@@ -101,18 +108,19 @@ class TokenSplit:
         self.eos_id: int | None = self.manifest.get("eos_id")
         self.documents: int = info["documents"]
         self.tokenizer_path = self.data_dir / self.manifest["tokenizer"]["file"]
-        if not self.path.is_file():
-            raise DataError(f"token file {self.path} does not exist (listed in {self.data_dir / MANIFEST})")
-        size = self.path.stat().st_size
-        if size % self.dtype.itemsize:
-            raise DataError(f"token file {self.path} has {size} bytes, not a multiple of {self.dtype.itemsize} "
-                            f"({self.dtype.name}); the file is truncated or corrupt")
-        if size // self.dtype.itemsize != info["tokens"]:
-            expected = info["tokens"]
-            raise DataError(f"token file {self.path} holds {size // self.dtype.itemsize} tokens ({size} bytes) but "
-                            f"{MANIFEST} expects {expected} tokens ({expected * self.dtype.itemsize} bytes)")
-        self.tokens: np.ndarray = (np.memmap(self.path, dtype=self.dtype, mode="r") if size
+        # the level reached (a manifest without block checksums allows less), and a note saying so
+        self.verified, self.note = verify_split_file(self.path, info, self.dtype, verify, self.data_dir / MANIFEST,
+                                                     reprepare_command(self.data_dir, self.manifest))
+        self.tokens: np.ndarray = (np.memmap(self.path, dtype=self.dtype, mode="r") if info["tokens"]
                                    else np.empty(0, dtype=self.dtype))
+
+    @property
+    def fingerprint(self) -> dict[str, str | int | None]:
+        """What identifies the split's content: {"sha256": the manifest's sha256 of the file (None in a manifest
+        without it), "tokens": its token count}. Result rows record it (regulargpt.evaluation.length_sweep)."""
+        info = self.manifest["splits"][self.name]
+        sha = info.get("sha256")
+        return {"sha256": sha if isinstance(sha, str) else None, "tokens": info["tokens"]}
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -150,6 +158,8 @@ def check_tokenizer(data_dir: str | Path) -> Path:
     return path
 
 
-def open_split(data_dir: str | Path, split: str, vocab_size: int | None = None) -> TokenSplit:
-    """Open one split of a prepared data folder (see TokenSplit); e.g. `open_split("data/stdlib", "val")`."""
-    return TokenSplit(data_dir, split, vocab_size)
+def open_split(data_dir: str | Path, split: str, vocab_size: int | None = None,
+               verify: str = DEFAULT_LEVEL) -> TokenSplit:
+    """Open one split of a prepared data folder, checked at level `verify` (size, blocks or full:
+    regulargpt.data.verify; TokenSplit); e.g. `open_split("data/stdlib", "val", verify="full")`."""
+    return TokenSplit(data_dir, split, vocab_size, verify)

@@ -3,9 +3,12 @@
 Loads each run (:mod:`regulargpt.evaluation.scored_run`: ``model.pt``, refused when older than the run's newest
 checkpoint), checks that it was trained with the evaluation data's tokenizer, plans and
 scores its windows with :mod:`regulargpt.evaluation.perplexity`, and appends one row per (run, dataset, split,
-length, protocol, stride, tokens), recording the step and the sha256 of the weights it scored. A row already present
-for the same weights is not recomputed, so a killed sweep resumes where it stopped; a row of other weights (the run
-was exported again since) is rescored.
+length, protocol, stride, tokens), recording the step and the sha256 of the weights it scored and the split's
+fingerprint (``split_fingerprint``: the manifest's sha256 and token count of the split, checked against the file
+at level ``verify`` first, :mod:`regulargpt.data.verify`). A row already present for the same weights and data is
+not recomputed, so a killed sweep resumes where it stopped; a row of other weights (the run was exported again
+since) or of other data (the folder was rebuilt with other content; a row of older code records none) is rescored,
+and one line says how many and why.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from regulargpt.config import ConfigError, EvalConfig
 from regulargpt.data import TokenSplit
+from regulargpt.data.verify import DEFAULT_LEVEL
 from regulargpt.evaluation.results_file import ResultsFile, is_done
 from regulargpt.evaluation.scored_run import (
     RunInfo,
@@ -63,6 +67,9 @@ __all__ = [
     "training_tokenizer_sha",
     "variant_id",
 ]
+
+_NOTED: set[str] = set()  # the notes on data folders already printed (a manifest without block checksums)
+
 
 def result_row(info: RunInfo, dataset: str, split: str, plan: WindowPlan, protocol: Protocol,
                nll_sum: np.ndarray, counts: np.ndarray, seconds: float, **extra: Any) -> dict[str, Any]:
@@ -112,11 +119,12 @@ def _barrier() -> None:
 def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths: Sequence[int], out_dir: str | Path,
           protocol: Protocol = "nonoverlapping", stride: int = 0, tokens: int = 0, memory_gb: float = 4.0,
           batch_size: int = 0, device: torch.device | str = "cpu", progress: bool = True,
-          depth_policy: str | None = None) -> list[dict[str, Any]]:
+          depth_policy: str | None = None, verify: str = DEFAULT_LEVEL) -> list[dict[str, Any]]:
     """Evaluate every (run, length) not already in ``out_dir/results.jsonl``; returns this sweep's rows.
 
     `depth_policy` scores every run (RegularGPT only) with that depth policy instead of its own; such rows are keyed
-    and labelled apart from the model's own (``depth=train``).
+    and labelled apart from the model's own (``depth=train``). `verify` is the level the split is checked at
+    against its manifest (size, blocks or full; :mod:`regulargpt.data.verify`).
 
     Every rank computes its share of the windows; rank 0 appends the reduced rows. Rows record the exact token
     count, the stride, the batch size and the memory budget. A length that cannot run gets a ``skipped`` row.
@@ -129,7 +137,10 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
         raise EvalError(f"--stride {stride} exceeds the shortest length {min(lengths)}; a window cannot advance past "
                         f"its own end (use a stride <= every length, or leave it out for L/2)")
     rank, world = distributed_context()
-    data = open_eval_split(data_dir, split)
+    data = open_eval_split(data_dir, split, verify)
+    if data.note and rank == 0 and data.note not in _NOTED:  # once per process (sweep_runs calls per group)
+        _NOTED.add(data.note)
+        print(f"note: {data.note}", file=sys.stderr, flush=True)
     dataset = Path(data_dir).resolve().name
     counts = plan_tokens(len(data), lengths, tokens, protocol)
     scored: dict[str, tuple[str | None, str]] = {}  # run → (depth policy it is scored with, its weights' sha256)
@@ -141,20 +152,26 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
         scored[str(run)] = (checked.depth_override, checked.weights_sha256)
     results = ResultsFile(Path(out_dir) / "results.jsonl", repair=rank == 0)
     done = results.latest()
+    before_tokens = {key[:-1]: row for key, row in done.items()}  # also a row whose token count differs
     _barrier()  # every rank has read the file before rank 0 appends to it
     stride_of = {length: length if protocol == "nonoverlapping" else (stride or max(1, length // 2)) for length in lengths}
     rows: list[dict[str, Any]] = []
     already = 0
+    replaced: dict[str, int] = {}  # why rows of other data are rescored → how many
     bar = tqdm(total=len(runs) * len(lengths), desc="(run, length)", disable=rank != 0 or not progress)
     for run in runs:
         info: RunInfo | None = None
         depth, weights = scored[str(run)]
         for length in lengths:
             key = (str(run).rstrip("/"), depth, dataset, split, length, protocol, stride_of[length], counts[length])
-            if is_done(done.get(key), memory_gb, weights):
+            if is_done(done.get(key), memory_gb, weights, data.fingerprint):
                 already += 1
                 bar.update()
                 continue
+            old = done.get(key) or before_tokens.get(key[:-1])
+            if old is not None and old.get("split_fingerprint") != data.fingerprint:
+                why = _other_data(old.get("split_fingerprint"), data.fingerprint)
+                replaced[why] = replaced.get(why, 0) + 1
             info = info or load_run(run, device, depth_policy)
             row = _evaluate_length(info, data, dataset, split, length, protocol, stride_of[length], counts[length],
                                    memory_gb, batch_size, device, rank, world)
@@ -167,7 +184,11 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
     bar.close()
     if already and rank == 0:
         print(f"{already} of {len(runs) * len(lengths)} (run, length) rows were already in {results.path} for the "
-              f"same weights; not rescored", file=sys.stderr, flush=True)
+              f"same weights and data; not rescored", file=sys.stderr, flush=True)
+    for why, count in replaced.items():
+        if rank == 0:
+            print(f"rescored {count} (run, length) row(s) of {results.path}: they {why}; the tables read only rows "
+                  f"of {data.path}'s current content", file=sys.stderr, flush=True)
     _barrier()
     return rows
 
@@ -219,7 +240,8 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
                      stride: int, n: int, memory_gb: float, batch_size: int, device: torch.device | str, rank: int,
                      world: int) -> dict[str, Any]:
     cfg = info.cfg.model
-    common = {"memory_gb": memory_gb, "world_size": world}
+    common = {"memory_gb": memory_gb, "world_size": world, "split_fingerprint": data.fingerprint,
+              "data_verified": data.verified}
     if n == 0:
         return skipped_row(info, dataset, split, length, protocol, stride, 0,
                            f"the {split} split has {len(data)} tokens, fewer than one window of {length} + 1", "data",
@@ -240,6 +262,19 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
     nll_sum, counts = all_reduce_sums(nll_sum, counts)
     return result_row(info, dataset, split, plan, protocol, nll_sum, counts, time.perf_counter() - t0,
                       batch_size=batch, **common)
+
+
+def _other_data(old: dict[str, Any] | None, now: dict[str, Any]) -> str:
+    """Why a stored row is of other data, e.g. "scored other content (split sha256 3f2a…, 1,200 tokens; now
+    9c01…, 2,400 tokens)"."""
+    if not isinstance(old, dict):
+        return "record no split fingerprint (written before rows recorded the data they scored)"
+
+    def show(fp: dict[str, Any]) -> str:
+        sha = fp.get("sha256")
+        return f"{sha[:12] + '…' if isinstance(sha, str) else 'no sha256'}, {fp.get('tokens'):,} tokens"
+
+    return f"scored other content (split sha256 {show(old)}; now {show(now)})"
 
 
 def _describe(row: dict[str, Any]) -> str:

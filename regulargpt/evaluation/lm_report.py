@@ -69,10 +69,16 @@ def load_rows(path: str | Path) -> list[Row]:
 
 
 def latest_rows(rows: Sequence[Row]) -> list[Row]:
-    """The last row per :func:`row_key`, in first-seen order."""
+    """The last row per :func:`row_key`, in first-seen order, leaving out rows of replaced data: where rows of a
+    (dataset, split) record the content they scored (``split_fingerprint``), only rows with the fingerprint of the
+    last such row count; older ones, and rows without a fingerprint, scored a folder that has since been rebuilt."""
+    current = {(row.get("dataset"), row.get("split")): row["split_fingerprint"] for row in rows
+               if row.get("split_fingerprint") is not None}
     latest: dict[tuple[Any, ...], Row] = {}
     for row in rows:
-        latest[row_key(row)] = row
+        mine = row.get("split_fingerprint")
+        if mine == current.get((row.get("dataset"), row.get("split")), mine):
+            latest[row_key(row)] = row
     return list(latest.values())
 
 

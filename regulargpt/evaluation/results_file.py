@@ -1,9 +1,10 @@
 """The perplexity sweep's ``results.jsonl``: append-only rows, and which stored row still counts as done.
 
 A row counts as done for the same (run, depth policy, dataset, split, length, protocol, stride, tokens) key
-(:func:`regulargpt.evaluation.lm_report.row_key`) when it scored the same weights (``weights_sha256``) and was not
-skipped for memory under a smaller budget than now; anything else is scored again and the new row, appended last,
-is the one the tables read.
+(:func:`regulargpt.evaluation.lm_report.row_key`) when it scored the same weights (``weights_sha256``), the same
+data (``split_fingerprint``: the manifest's sha256 and token count of the split) and was not skipped for memory
+under a smaller budget than now; anything else is scored again and the new row, appended last, is the one the
+tables read.
 """
 
 from __future__ import annotations
@@ -41,10 +42,15 @@ class ResultsFile:
         self.rows.append(row)
 
 
-def is_done(row: dict[str, Any] | None, memory_gb: float, weights: str = "") -> bool:
+def is_done(row: dict[str, Any] | None, memory_gb: float, weights: str = "",
+            split_fingerprint: dict[str, Any] | None = None) -> bool:
     """A stored row counts as done unless it scored other weights than `weights` (rows written before the hash was
-    recorded count as the same weights) or was skipped for memory under a smaller budget than now."""
+    recorded count as the same weights), other data than `split_fingerprint` (a row without one, written before it
+    was recorded, counts as other data: the folder may have been rebuilt since) or was skipped for memory under a
+    smaller budget than now."""
     if row is None or (weights and row.get("weights_sha256", weights) != weights):
+        return False
+    if split_fingerprint is not None and row.get("split_fingerprint") != split_fingerprint:
         return False
     if row.get("skipped") and row.get("skipped_for") == "memory":
         return float(row.get("memory_gb", 0.0)) >= memory_gb

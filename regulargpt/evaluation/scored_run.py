@@ -18,6 +18,7 @@ from torch import nn
 from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
+from regulargpt.data.verify import DEFAULT_LEVEL
 from regulargpt.evaluation.perplexity import EvalError, model_label
 from regulargpt.evaluation.run_weights import check_fresh, weights_sha256
 from regulargpt.files import read_json_object
@@ -156,10 +157,11 @@ def _training_tokenizer_file(info: RunInfo) -> str:
         return f"<the tokenizer.model of the data folder the run trained on, data.path={info.cfg.data.path!r}>"
 
 
-def open_eval_split(data_dir: str | Path, split: str) -> TokenSplit:
-    """Open the held-out split; EvalError (not a traceback) when the folder or split is missing or corrupt."""
+def open_eval_split(data_dir: str | Path, split: str, verify: str = DEFAULT_LEVEL) -> TokenSplit:
+    """Open the held-out split, checked against its manifest at level `verify` (:mod:`regulargpt.data.verify`);
+    EvalError (not a traceback) when the folder or split is missing, damaged or corrupt."""
     try:
-        tokens = open_split(data_dir, split)
+        tokens = open_split(data_dir, split, verify=verify)
         if not tokens.tokenizer_path.is_file():
             raise EvalError(f"data folder {data_dir} has no tokenizer file {tokens.tokenizer_path.name} (listed in its "
                             f"manifest.json); re-run data_prep/prepare.py for it")

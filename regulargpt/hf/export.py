@@ -33,7 +33,7 @@ from regulargpt.data import Tokenizer, load_manifest
 from regulargpt.errors import UserError
 from regulargpt.evaluation.lm_report import load_rows
 from regulargpt.evaluation.scored_run import RunInfo
-from regulargpt.files import atomic_write_text
+from regulargpt.files import atomic_write_text, remove_dead_temporaries
 from regulargpt.generation.loading import data_folder, find_tokenizer
 from regulargpt.hf.configuration import RegularGPTConfig
 from regulargpt.hf.model_card import evaluation_rows, model_card
@@ -72,6 +72,18 @@ class ExportError(UserError, ValueError):
     """An export that cannot be written as asked; the message says what to change."""
 
 
+def _recover(out: Path) -> None:
+    """Undo what an export killed mid-way left: its temporary folder ``.<name>.<pid>.tmp-*`` (pid ended) goes, an
+    earlier export set aside as ``.<name>.old`` comes back when the kill fell between the two renames (no `out`),
+    and is removed when the new export had already replaced it."""
+    remove_dead_temporaries(out)
+    old = out.with_name(f".{out.name}.old")
+    if old.is_dir() and not out.exists():
+        old.rename(out)
+    elif old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _check_target(out: Path) -> None:
     if not out.exists():
         return
@@ -96,6 +108,7 @@ def export_hf(out: str | Path, cfg: Config, model: nn.Module, tok: Tokenizer, ca
 
     `depth_policy` (RegularGPT only): the policy ``config.json`` states, by default the run's own."""
     out = Path(out)
+    _recover(out)
     _check_target(out)
     if tok.vocab_size != cfg.model.vocab_size:
         raise ExportError(f"tokenizer {tok.path} has {tok.vocab_size} pieces; the model's vocabulary is "
@@ -112,7 +125,7 @@ def export_hf(out: str | Path, cfg: Config, model: nn.Module, tok: Tokenizer, ca
     hf_model.model.load_state_dict(model.state_dict(), strict=True)
     hf_model.generation_config = GenerationConfig(**special, **_SAMPLING)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.tmp-", dir=out.parent))
     try:
         hf_logging.disable_progress_bar()
         hf_model.save_pretrained(str(tmp))

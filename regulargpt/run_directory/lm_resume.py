@@ -32,6 +32,7 @@ __all__ = ["RESUME_FREE_KEYS", "RESUME_FREE", "default_run_dir", "check_or_write
 # Keys that may change between a run and its resumption: they do not change what is trained.
 RESUME_FREE_KEYS = frozenset({
     "data.path",  # the data may move (e.g. to node-local disk); its fingerprint is compared instead
+    "data.verify",  # how the data is checked at start, not what it is
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
     "train.max_bad_steps", "train.activation_checkpointing", "train.dist_timeout_s", "train.compile",
     "train.grad_accum",  # derived on resume from the run's global batch and the number of processes (world_change)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from regulargpt.config import Config, ConfigError, config_from_saved
-from regulargpt.files import read_json_object
+from regulargpt.files import read_json_object, remove_dead_temporaries
 from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE
 from regulargpt.train.engine import TrainError
 from regulargpt.run_directory.checkpoints import (
@@ -113,11 +113,13 @@ def export_model(run_dir: str | Path, step: int | None = None, out: str | Path |
     """Write the consolidated fp32 ``model.pt`` of a checkpoint (default: latest) → its path.
 
     The weights are loaded into a fresh model with ``strict=True`` before writing, so a file that is written loads.
+    Temporaries of earlier exports killed mid-write (``.model.pt.<pid>.tmp`` of an ended pid) are removed first.
     """
     from regulargpt.checkpoint import save_model_file
 
-    cfg, model, meta = consolidated_model(run_dir, step)
     out = Path(out) if out is not None else Path(run_dir) / MODEL_FILE
+    remove_dead_temporaries(out)
+    cfg, model, meta = consolidated_model(run_dir, step)
     save_model_file(out, cfg, model, meta=meta)
     return out
 

@@ -8,6 +8,8 @@ model before anything is built, and the fingerprint a checkpoint keeps of them.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from regulargpt.config import Config
@@ -22,8 +24,9 @@ def data_fingerprint(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
-    """Train and val splits; clear errors for a missing folder, a vocabulary or tokenizer mismatch, a truncated
-    token file or a too-short split."""
+    """Train and val splits, checked against the manifest at level ``data.verify`` (regulargpt.data.verify); clear
+    errors for a missing folder, a vocabulary or tokenizer mismatch, a damaged or truncated token file or a
+    too-short split. A manifest without block checksums is noted once (by rank 0)."""
     from regulargpt.data import DataError, check_tokenizer, load_manifest, open_split
 
     if not cfg.data.path:
@@ -41,10 +44,14 @@ def open_data(cfg: Config) -> tuple[Any, Any, dict[str, Any]]:
     check_tokenizer(cfg.data.path)
     splits = []
     for name in ("train", "val"):
-        split = open_split(cfg.data.path, name)  # the manifest's vocab_size was compared with the model's above
+        # the manifest's vocab_size was compared with the model's above
+        split = open_split(cfg.data.path, name, verify=cfg.data.verify)
         if len(split) < cfg.data.seq_len + 1:
             raise TrainError(f"{cfg.data.path}: the {name} split has {len(split)} tokens, fewer than "
                              f"data.seq_len + 1 = {cfg.data.seq_len + 1}; prepare more data (--max-bytes) or lower "
                              f"data.seq_len")
         splits.append(split)
+    if os.environ.get("RANK", "0") == "0":  # the launcher's rank (set for every launcher before this is called)
+        for note in dict.fromkeys(split.note for split in splits if split.note):
+            print(f"note: {note}", file=sys.stderr, flush=True)
     return splits[0], splits[1], manifest
