@@ -8,8 +8,12 @@ and compares them with what the device has free: ``torch.cuda.mem_get_info`` on 
 memory (``psutil``) shared by the processes of this node on a CPU. A run that needs more is refused with both
 figures and what to change, e.g.::
 
-    data.seq_len=64 × train.batch_size=1000000 needs about 391.2 GB per process for one training step (model
-    states 0.0 GB, activations 391.2 GB; regulargpt/scale_plan.py), but cpu has 18.3 GB available ...
+    data.seq_len=32 × train.batch_size=1000000 needs about 542.0 GB per process for one training step (model
+    states and buffers 0.0 GB, activations 542.0 GB; regulargpt/scale_plan.py), but this machine has 20.6 GB of
+    memory available; lower data.seq_len or train.batch_size (train.grad_accum keeps the global batch), or set
+    train.activation_checkpointing=true (231.2 GB). Nothing was written
+
+(the tiny config with the test sizes of tests/test_faults.py, on this 24 GB machine).
 
 The estimate is a lower bound (allocator slack and temporaries are not counted), so a run that passes can still
 run out; one that fails cannot fit. Architectures the planner does not model (RoPE, T5, KERPLE baselines) are not
@@ -53,7 +57,7 @@ def check_memory(cfg: Config, world: int, local_world: int, device: torch.device
     acts = plan.activations_ac if t.activation_checkpointing else plan.activations
     states = need - acts
     hint = ("" if t.activation_checkpointing else
-            f", set train.activation_checkpointing=true ({plan.total(True) / 1e9:.1f} GB)")
+            f", or set train.activation_checkpointing=true ({plan.total(True) / 1e9:.1f} GB)")
     raise TrainError(f"data.seq_len={cfg.data.seq_len} × train.batch_size={t.batch_size} needs about "
                      f"{need / 1e9:.1f} GB per process for one training step (model states and buffers "
                      f"{states / 1e9:.1f} GB, activations {acts / 1e9:.1f} GB; regulargpt/scale_plan.py), but {where}; "
