@@ -16,8 +16,11 @@ embedding is stored under both names (safetensors holds no shared tensors).
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,21 @@ def save_model_file(path: str | Path, cfg: Config | FormalConfig, model: nn.Modu
                "meta": dict(meta or {})}
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    with explain_disk_full(path, "the model file", len(buffer.getvalue())):
+    with _writing(path, "the model file", len(buffer.getvalue())):
         atomic_write_bytes(path, buffer.getvalue())
+
+
+@contextmanager
+def _writing(path: str | Path, what: str, size: int) -> Iterator[None]:
+    """A full disk (DiskFullError) or a folder this process cannot write (CheckpointError) as one line."""
+    try:
+        with explain_disk_full(path, what, size):
+            yield
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise CheckpointError(f"{path}: cannot write {what} ({err.strerror}); choose another --out or make "
+                              f"{Path(path).parent} writable") from None
 
 
 def _fp32_cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -63,7 +79,7 @@ def save_safetensors_file(path: str | Path, cfg: Config | FormalConfig, model: n
     header = {"format": _FORMAT, "config": json.dumps(config_to_dict(cfg), sort_keys=True),
               "meta": json.dumps(dict(meta or {}), sort_keys=True)}
     data = save(state, metadata=header)
-    with explain_disk_full(path, "the safetensors file", len(data)):
+    with _writing(path, "the safetensors file", len(data)):
         atomic_write_bytes(path, data)
 
 

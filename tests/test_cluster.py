@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 from helpers import ZERO3, ROOT, free_port, pretrain, pretrain_args, pretrain_cmd, read_metrics, run_env, wait_for
 
+from regulargpt.checkpoint import CheckpointError, save_model_file
+from regulargpt.config import load_config_dict
 from regulargpt.errors import TrainError
+from regulargpt.model import build_model
 from regulargpt.run_directory import RunDirLock, lock_holder
 from regulargpt.run_directory.lock import pid_start_time
 
@@ -152,6 +155,10 @@ def test_a_read_only_run_directory_is_one_line(tmp_path):
             with pytest.raises(TrainError, match=rf"^{where}: cannot write in the run directory \((Read-only file "
                                                  rf"system|Permission denied)\).*choose another --run-dir$"):
                 RunDirLock(where).acquire()
+        cfg = load_config_dict({"model": {"vocab_size": 64, "d_model": 16, "n_heads": 2}})
+        with pytest.raises(CheckpointError, match=rf"^{run_dir}/model.pt: cannot write the model file \((Read-only "
+                                                  rf"file system|Permission denied)\); choose another --out"):
+            save_model_file(run_dir / "model.pt", cfg, build_model(cfg.model))  # export's write
     finally:
         subprocess.run(["umount", str(run_dir)]) if mounted else run_dir.chmod(0o755)
 
