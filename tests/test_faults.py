@@ -46,7 +46,7 @@ from helpers import (
 )
 
 from regulargpt.checkpoint import save_model_file
-from regulargpt.config import FormalConfig, load_config_dict
+from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved, load_config_dict
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
@@ -291,6 +291,23 @@ def test_formal_corrupt_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
     assert formal_losses(run_dir) == formal_losses(straight)
     a = torch.load(straight / "model.pt", weights_only=True)["state_dict"]
     assert _same(a, torch.load(run_dir / "model.pt", weights_only=True)["state_dict"])
+
+
+def test_a_formal_run_without_its_config_file_is_checked_against_the_checkpoints_copy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """config.resolved.json deleted after 3 steps: another lr is refused against the copy in ckpt.pt (before: it was
+    accepted and recorded while the optimizer state came from the checkpoint); a truncated file is rewritten from
+    the copy, with a note, and the run resumes to the end."""
+    run_dir = tmp_path / "run"
+    assert train_formal(tiny_cfg(), run_dir, stop_at=3) is None
+    config = run_dir / "config.resolved.json"
+    config.unlink()
+    with pytest.raises(ConfigError, match=r"train.lr: run has 0.01, now 0.5"):
+        train_formal(tiny_cfg(lr=0.5), run_dir)
+    config.write_text('{"model": ')
+    assert train_formal(tiny_cfg(), run_dir) == run_dir / "model.pt"
+    assert f"note: {config} is unreadable; using the config saved in ckpt.pt" in capsys.readouterr().err
+    assert rd.saved_config(run_dir, ConfigError, read=formal_config_from_saved) == tiny_cfg()
 
 
 def test_formal_nan_step_is_skipped_and_the_limit_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

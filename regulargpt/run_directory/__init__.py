@@ -58,7 +58,7 @@ from regulargpt.run_directory.checkpoints import (
     write_checksums,
     write_trainer_state,
 )
-from regulargpt.run_directory.ckpt_file import load_ckpt, save_ckpt
+from regulargpt.run_directory.ckpt_file import ckpt_config, load_ckpt, save_ckpt
 from regulargpt.run_directory.config_check import (
     ResumePolicy,
     check_config_unchanged,
@@ -107,5 +107,5 @@ __all__ = [
     # resuming on another number of processes
     "grad_accum_for", "needs_universal", "to_universal", "drop_universal", "trainer_state_fields",
     # formal checkpoints
-    "save_ckpt", "load_ckpt",
+    "save_ckpt", "load_ckpt", "ckpt_config",
 ]

@@ -49,6 +49,16 @@ def _read(path: Path, required: Iterable[str]) -> tuple[dict[str, Any] | None, s
     return state, ""
 
 
+def ckpt_config(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(file, resolved config) from ckpt.pt, else ckpt.prev.pt, when it carries one (``"config"``: saved since
+    #37); None otherwise. For a run whose config.resolved.json is lost (the formal trainer's _prepare_run_dir)."""
+    for path in (run_dir / CKPT_FILE, run_dir / PREV_CKPT_FILE):
+        state = _read(path, ())[0] if path.is_file() else None
+        if state is not None and isinstance(state.get("config"), dict):
+            return path, state["config"]
+    return None
+
+
 def load_ckpt(run_dir: Path, required: Iterable[str]) -> dict[str, Any] | None:
     """The state to resume from: ckpt.pt, else ckpt.prev.pt (warning on stderr naming both); None for a fresh run.
     A file that cannot be loaded, or lacks a key of `required`, is unusable.
