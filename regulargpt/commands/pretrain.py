@@ -7,6 +7,8 @@ Examples:
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
     python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 600
+    python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x \\
+        --set train.lr=3e-4 --allow-changed train.lr          # resume a diverged run at a lower rate
     srun -N2 --ntasks-per-node 8 python launch/pretrain.py --config configs/base.json   # ranks from SLURM_PROCID
     mpirun -n 4 python launch/pretrain.py --config configs/tiny/t5.json                 # ranks from OMPI_COMM_WORLD_*
 
