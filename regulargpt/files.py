@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from regulargpt.errors import UserError
+from regulargpt.strict_json import DuplicateKeyError, loads_strict
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -263,7 +264,8 @@ def read_json_object(path: str | Path, error: type[Exception] = CorruptFileError
     """The JSON object in `path`; anything else raises `error` naming the file, the problem and `hint`.
 
     Messages: ``<path>: <kind> not found``, ``<path>: malformed JSON at line 2, column 27: Expecting ','``,
-    ``<path>: not UTF-8 text (byte 5)``, ``<path>: top level must be a JSON object``; each followed by
+    ``<path>: not UTF-8 text (byte 5)``, ``<path>: top level must be a JSON object``, ``<path>: duplicate key
+    train.lr (lines 4 and 6); each key may appear once`` (:mod:`regulargpt.strict_json`); each followed by
     ``; <hint>`` when a hint is given (e.g. ``"the checkpoint is corrupt"``).
     """
     path = Path(path)
@@ -271,7 +273,9 @@ def read_json_object(path: str | Path, error: type[Exception] = CorruptFileError
     if not path.is_file():
         raise error(f"{path}: {kind} not found{tail}")
     try:
-        value = json.loads(path.read_bytes())
+        value = loads_strict(path.read_bytes())
+    except DuplicateKeyError as err:
+        raise error(f"{path}: {err}{tail}") from None
     except json.JSONDecodeError as err:
         raise error(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}{tail}") from None
     except UnicodeDecodeError as err:

@@ -20,8 +20,12 @@ from pathlib import Path
 import pytest
 from helpers import ZERO3, ROOT, free_port, pretrain, pretrain_args, pretrain_cmd, read_metrics, run_env, wait_for
 
+from regulargpt.checkpoint import CheckpointError, save_model_file
+from regulargpt.config import load_config_dict
 from regulargpt.errors import TrainError
+from regulargpt.model import build_model
 from regulargpt.run_directory import RunDirLock, lock_holder
+from regulargpt.run_directory.lock import pid_start_time
 
 # -------------------------------------------------------------------------------------------------------- lock
 
@@ -95,6 +99,68 @@ def test_a_dead_pid_on_this_host_is_taken_over_at_once(tmp_path, dead_pid):
     assert note is not None and f"pid {dead_pid}" in note and "no longer exists on this host" in note
     assert lock_holder(run_dir)["pid"] == os.getpid()
     lock.release()
+
+
+def test_a_reused_pid_is_not_named_as_the_trainer_and_its_lock_is_taken_over(tmp_path, live_pid):
+    """The record's pid is alive but was started at another time than the record says: the trainer is gone and
+    its pid now belongs to another process, which is never named (before: 'stop it (kill <pid>)')."""
+    run_dir = tmp_path / "run"
+    start = pid_start_time(live_pid)
+    assert start is not None and start == int(Path(f"/proc/{live_pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    _write_holder(run_dir, pid=live_pid, pid_start=start - 1)
+    lock = RunDirLock(run_dir)
+    note = lock.acquire()
+    assert note is not None and f"pid {live_pid} now belongs to another process" in note
+    lock.release()
+    _write_holder(run_dir, pid=live_pid, pid_start=start)  # the same process: still refused, by name
+    with pytest.raises(TrainError, match=rf"in use by another trainer: pid {live_pid} "):
+        RunDirLock(run_dir).acquire()
+
+
+def test_a_lock_copied_along_with_its_run_directory_is_not_the_copys(tmp_path, live_pid):
+    """`cp -r runs/a runs/b` while a's trainer runs: b's lock names a's directory (path and inode differ), so b is
+    free; a itself stays locked."""
+    original = tmp_path / "a"
+    original.mkdir()
+    _write_holder(original, pid=live_pid, pid_start=pid_start_time(live_pid), dir=str(original.resolve()),
+                  dir_inode=original.stat().st_ino)
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    lock = RunDirLock(copy)
+    note = lock.acquire()
+    assert note is not None and f"it was written for {original.resolve()} (this directory is a copy" in note
+    assert lock_holder(copy)["dir"] == str(copy.resolve())
+    lock.release()
+    with pytest.raises(TrainError, match=rf"pid {live_pid}"):
+        RunDirLock(original).acquire()
+    moved = tmp_path / "a-renamed"  # a renamed directory keeps its inode: still the same trainer's
+    original.rename(moved)
+    with pytest.raises(TrainError, match=rf"pid {live_pid}"):
+        RunDirLock(moved).acquire()
+
+
+def test_a_read_only_run_directory_is_one_line(tmp_path):
+    """A run directory on a read-only file system (a read-only tmpfs when this process may mount one, else a
+    folder without write permission): TrainError naming it, no OSError traceback."""
+    run_dir = tmp_path / "ro"
+    run_dir.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(run_dir)], capture_output=True).returncode == 0
+    if not mounted:
+        if os.geteuid() == 0:
+            pytest.skip("root ignores permissions and cannot mount a read-only tmpfs here")
+        run_dir.chmod(0o555)
+    try:
+        for where in (run_dir, run_dir / "run"):  # an existing run directory, and one to be created
+            with pytest.raises(TrainError, match=rf"^{where}: cannot write in the run directory \((Read-only file "
+                                                 rf"system|Permission denied)\).*choose another --run-dir$"):
+                RunDirLock(where).acquire()
+        cfg = load_config_dict({"model": {"vocab_size": 64, "d_model": 16, "n_heads": 2}})
+        with pytest.raises(CheckpointError, match=rf"^{run_dir}/model.pt: cannot write the model file \((Read-only "
+                                                  rf"file system|Permission denied)\); choose another --out"):
+            save_model_file(run_dir / "model.pt", cfg, build_model(cfg.model))  # export's write
+    finally:
+        subprocess.run(["umount", str(run_dir)]) if mounted else run_dir.chmod(0o755)
 
 
 @pytest.mark.slow

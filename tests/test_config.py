@@ -98,6 +98,33 @@ def test_malformed_json_reports_line_and_column(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("body, key, lines", [
+    # the two cases: a whole section twice (the second one silently replaced the first), a key twice
+    ('{"extends": "%s",\n "train": {"steps": 5},\n "train": {"lr": 5.0}}', "train", (2, 3)),
+    ('{"extends": "%s",\n "train": {"lr": 0.001,\n\n           "lr": 10.0}}', "train.lr", (2, 4)),
+    ('{"extends": "%s",\n "deepspeed": {"zero_optimization": {"stage": 0,\n  "stage": 0}}}',
+     "deepspeed.zero_optimization.stage", (2, 3)),
+])
+def test_duplicate_keys_are_refused_naming_file_key_path_and_both_lines(tmp_path, body, key, lines):
+    path = _write(tmp_path / "dup.json", body % (ROOT / "configs/tiny/regular_gpt.json"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (f"{path}: duplicate key {key} (lines {lines[0]} and {lines[1]}); each key may "
+                               f"appear once")
+
+
+def test_duplicate_keys_are_refused_in_a_parent_config_and_in_a_set_json_value(tmp_path):
+    parent = _write(tmp_path / "parent.json", '{"model": {"d_model": 64},\n"model": {"d_model": 32}}')
+    child = _write(tmp_path / "child.json", {"extends": "parent.json"})
+    with pytest.raises(ConfigError, match=r"parent\.json: duplicate key model \(lines 1 and 2\)"):
+        load_config(child)
+    base = ROOT / "configs/tiny/regular_gpt.json"
+    with pytest.raises(ConfigError, match=r"duplicate key zero_optimization \(lines 1 and 1\)"):
+        load_config(base, ['deepspeed.zero_optimization={"zero_optimization": 1, "zero_optimization": 2}'])
+    with pytest.raises(ConfigError, match=r"duplicate key stage \(lines 1 and 1\)"):
+        load_config(base, ['deepspeed.zero_optimization={"stage": 0, "stage": 1}'])
+
+
 def test_missing_file_and_extends_cycle(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.json")

@@ -24,7 +24,7 @@ REPORTS = sorted((ROOT / "results").rglob("*.md"))
 README_WORDS = 1300
 PAGE_WORDS = 3000
 # being replaced by a fault table on another branch; its limit applies once that lands
-OVER_LIMIT_FOR_NOW = {"RELIABILITY.md"}
+OVER_LIMIT_FOR_NOW: set[str] = set()
 
 HISTORY = re.compile(r"\b(sittings?|sessions?|colleagues?|issue \d+|earlier version|checked again|still holds)\b",
                      re.IGNORECASE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import re
 import shutil
@@ -24,6 +25,7 @@ import pytest
 import torch
 from helpers import (
     ROOT,
+    TINY,
     ZERO3,
     Crash,
     CrashingTask,
@@ -44,7 +46,7 @@ from helpers import (
 )
 
 from regulargpt.checkpoint import save_model_file
-from regulargpt.config import FormalConfig, load_config_dict
+from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved, load_config_dict
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
 from regulargpt.train import TrainError
@@ -234,7 +236,7 @@ def test_sigusr1_saves_a_checkpoint_and_exits_0(data_dir: Path, tmp_path: Path) 
     proc.send_signal(signal.SIGUSR1)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    assert "stop requested (signal SIGUSR1)" in out and "rerun the same command to resume: python " in out
+    assert "stop requested (signal SIGUSR1)" in out and re.search(f"rerun the same command to resume: (python|{re.escape(sys.executable)}) ", out)
     stopped = latest_step(run_dir)
     assert 2 <= stopped < 12 and rd.verify_checkpoint(run_dir, stopped) == ""
     assert not (run_dir / "model.pt").exists()
@@ -289,6 +291,23 @@ def test_formal_corrupt_checkpoint_resumes_from_the_previous_one(tmp_path: Path,
     assert formal_losses(run_dir) == formal_losses(straight)
     a = torch.load(straight / "model.pt", weights_only=True)["state_dict"]
     assert _same(a, torch.load(run_dir / "model.pt", weights_only=True)["state_dict"])
+
+
+def test_a_formal_run_without_its_config_file_is_checked_against_the_checkpoints_copy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """config.resolved.json deleted after 3 steps: another lr is refused against the copy in ckpt.pt (before: it was
+    accepted and recorded while the optimizer state came from the checkpoint); a truncated file is rewritten from
+    the copy, with a note, and the run resumes to the end."""
+    run_dir = tmp_path / "run"
+    assert train_formal(tiny_cfg(), run_dir, stop_at=3) is None
+    config = run_dir / "config.resolved.json"
+    config.unlink()
+    with pytest.raises(ConfigError, match=r"train.lr: run has 0.01, now 0.5"):
+        train_formal(tiny_cfg(lr=0.5), run_dir)
+    config.write_text('{"model": ')
+    assert train_formal(tiny_cfg(), run_dir) == run_dir / "model.pt"
+    assert f"note: {config} is unreadable; using the config saved in ckpt.pt" in capsys.readouterr().err
+    assert rd.saved_config(run_dir, ConfigError, read=formal_config_from_saved) == tiny_cfg()
 
 
 def test_formal_nan_step_is_skipped_and_the_limit_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -598,3 +617,136 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case: str, bad_inputs:
     assert re.match(r"(\S+: )?error: ", line) and all(text in line for text in expected), line
     assert snapshot(*(root / p for p in keep), bad_inputs["data"]) == before
     assert not (root / "run").exists() and not (root / "out.jsonl").exists()
+
+
+# ------------------------------------------------------------------------- full disk, memory, quoting (issue 37 §6)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MB tmpfs (when this process may mount one: root), else None: the tests then inject the OSError a full
+    disk raises."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                                                   capture_output=True).returncode == 0
+    yield mount if mounted else None
+    if mounted:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def _fill(folder: Path) -> None:
+    """Write zeros into `folder` until its file system is full."""
+    with contextlib.suppress(OSError), open(folder / "filler", "wb") as handle:
+        for _ in range(64):
+            handle.write(bytes(1 << 16))
+            handle.flush()
+
+
+_FULL = r"^no space left on \S+ \(mounted at /\S*\) while writing "
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_save_is_one_line(data_dir: Path, tmp_path: Path, small_disk: Path | None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny run's checkpoints (0.8 MB each) on a 1 MB tmpfs: the second one fills it. Before: `RuntimeError: …
+    unexpected pos …` from torch.save's zip writer, with its traceback. Without a tmpfs, DeepSpeed's save is made
+    to raise that RuntimeError in-process."""
+    if small_disk is not None:
+        run_dir = small_disk / "run"
+        proc = subprocess.run(pretrain_cmd(1) + pretrain_args(data_dir, run_dir), cwd=ROOT, env=run_env(),
+                              capture_output=True, text=True, timeout=240)
+        line = _error_lines(proc.stderr)[-1]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert re.match(_FULL.replace("^", "^error: ") + rf"the checkpoint {run_dir}/global_step6: 0\.\d MB needed",
+                        line), line
+        assert latest_step(run_dir) == 3 and rd.verify_checkpoint(run_dir, 3) == ""  # the last one is intact
+        return
+    from regulargpt.files import DiskFullError
+    from regulargpt.train.lm_checkpoint import Checkpoints
+
+    class Engine:
+        def save_checkpoint(self, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 832 vs 768")
+
+    class Sampler:
+        def settings(self) -> dict:
+            return {}
+
+    cfg = load_config_dict({"data": {"path": str(data_dir)}})
+    ckpt = Checkpoints(cfg, tmp_path, Engine(), None, Sampler(), [], {}, 0, 1, None)
+    with pytest.raises(DiskFullError, match=_FULL + rf"the checkpoint {tmp_path}/global_step3"):
+        ckpt.save(3, 0, 0)
+
+
+def test_a_full_disk_while_exporting_or_appending_a_result_row_is_one_line(tmp_path: Path, small_disk: Path | None,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.pt (4 MB of weights) and a results.jsonl row on a full 1 MB tmpfs, or with the OSError injected:
+    DiskFullError naming the file and the bytes needed; the row is not counted as written."""
+    import errno
+
+    from regulargpt.evaluation import results_file
+    from regulargpt.files import DiskFullError
+    from regulargpt import checkpoint
+
+    cfg = load_config_dict({"model": {"vocab_size": 8000, "d_model": 64, "n_heads": 2}})
+    model = build_model(cfg.model)
+    folder = small_disk or tmp_path
+    if small_disk is None:
+        def full(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(checkpoint, "atomic_write_bytes", full)
+        monkeypatch.setattr(results_file.os, "fsync", full)
+    with pytest.raises(DiskFullError, match=_FULL + rf"the model file {folder}/model\.pt: 4\.\d MB needed"):
+        save_model_file(folder / "model.pt", cfg, model)
+    assert not (folder / "model.pt").exists()
+    if small_disk is not None:
+        _fill(small_disk)
+    results = results_file.ResultsFile(folder / "results.jsonl")
+    with pytest.raises(DiskFullError, match=_FULL + rf"a result row to {folder}/results\.jsonl: 0\.0 MB needed"):
+        results.append({"run": "r", "ppl": 1.0, "pad": "x" * 10_000})
+    assert results.rows == []
+
+
+def test_a_step_that_cannot_fit_in_memory_is_refused_before_anything_is_written(data_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """A micro-batch of 10^6 windows of 32 tokens: the planner's estimate (hundreds of GB of activations) against
+    the memory available; and a run directory whose only config was written by a run that never trained (no
+    checkpoint, no metrics row) takes the corrected config."""
+    import psutil
+
+    from regulargpt.config import load_config
+    from regulargpt.train.memory_check import check_memory
+
+    base = [f"data.path={data_dir}", *TINY]
+    cfg = load_config(ROOT / "configs/tiny/regular_gpt.json", [*base, "train.batch_size=1000000"])
+    with pytest.raises(TrainError) as info:
+        check_memory(cfg, 1, 1, torch.device("cpu"))
+    need = float(re.search(r"needs about ([0-9.]+) GB", str(info.value)).group(1))
+    assert need * 1e9 > psutil.virtual_memory().available and "lower data.seq_len or train.batch_size" in str(
+        info.value) and "activation_checkpointing=true" in str(info.value)
+    check_memory(load_config(ROOT / "configs/tiny/regular_gpt.json", base), 1, 1, torch.device("cpu"))  # fits
+
+    run_dir = tmp_path / "run"
+    rd.check_or_write_config(run_dir, cfg)  # as the trainer did before the out-of-memory crash of its first step
+    (run_dir / "metrics.jsonl").touch()
+    corrected = load_config(ROOT / "configs/tiny/regular_gpt.json", base)
+    assert rd.check_or_write_config(run_dir, corrected) is None  # before: "trained with a different config"
+    assert rd.saved_config(run_dir, TrainError) == corrected
+
+
+def test_next_commands_quote_paths_with_spaces(tmp_path: Path) -> None:
+    from regulargpt.commands.pretrain import summary_lines
+    from regulargpt.config import load_config
+
+    run_dir = tmp_path / "my runs" / "a b"
+    cfg = load_config(ROOT / "configs/tiny/regular_gpt.json", ["data.path=data/my data"])
+    summary = {"start_step": 0, "step": 3, "seconds": 1.0, "tokens_per_step": 10, "preempted": False}
+    lines = summary_lines(summary, cfg, run_dir)
+    export, evaluate = lines[2].removeprefix("next: "), lines[3].strip()
+    assert export == f"python launch/export.py '{run_dir}'"
+    assert evaluate.split()[:5] == ["python", "eval/extrapolate.py", "--runs", f"'{tmp_path}/my", "runs/a"]
+    import shlex
+
+    assert shlex.split(evaluate)[3] == str(run_dir) and shlex.split(evaluate)[5] == "data/my data"

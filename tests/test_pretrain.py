@@ -179,6 +179,7 @@ def test_run_dir_config_check_prune_and_partial_cleanup(data_dir, tmp_path):
     cfg = _cfg(data_dir)
     rd.check_or_write_config(tmp_path, cfg)
     rd.check_or_write_config(tmp_path, _cfg(data_dir, "train.log_every=5", "logging.wandb=true"))  # free keys
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.2}\n')  # it trained: a change is refused
     with pytest.raises(TrainError, match=r"model.d_model: run has 32, now 64"):
         rd.check_or_write_config(tmp_path, _cfg(data_dir, "model.d_model=64"))
     for s in (3, 6, 9, 12):

@@ -41,6 +41,7 @@ from regulargpt.cli import non_negative_int, positive_float, positive_ints, run
 from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
+from regulargpt.files import DiskFullError
 
 
 def _device(name: str) -> torch.device:
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
                    device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
                    verify=args.verify_data)
-    except (EvalError, CheckpointError) as err:
+    except (EvalError, CheckpointError, DiskFullError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if rank == 0:

@@ -7,6 +7,8 @@ Examples:
     torchrun --standalone --nproc_per_node 2 launch/pretrain.py --config configs/tiny/regular_gpt.json \\
         --set train.zero_stage=3 --run-dir runs/z3
     python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 600
+    python launch/pretrain.py --config configs/tiny/regular_gpt.json --run-dir runs/x \\
+        --set train.lr=3e-4 --allow-changed train.lr          # resume a diverged run at a lower rate
     srun -N2 --ntasks-per-node 8 python launch/pretrain.py --config configs/base.json   # ranks from SLURM_PROCID
     mpirun -n 4 python launch/pretrain.py --config configs/tiny/t5.json                 # ranks from OMPI_COMM_WORLD_*
 
@@ -19,13 +21,16 @@ latest, model.pt at the end; one trainer at a time (trainer.lock). Ends with a s
 tokens/s, final train and val loss, where the checkpoint and model are) and the next commands (evaluate, generate;
 export for a stopped run). See docs/TRAINING.md and docs/RELIABILITY.md. Exit status: 0 done, or stopped after a
 checkpoint by SIGTERM/SIGUSR1/SIGINT or because its launcher (torchrun, the deepspeed runner) is gone; 2 for a
-config/data/checkpoint/setup error (one line `error: ...`, no traceback); 130 for Ctrl-C before training started.
+config/data/checkpoint/setup error, a step that cannot fit in memory, a full disk, or a run that diverged (one line
+`error: ...`, no traceback; a divergence names the last good checkpoint and the command that continues at a lower
+rate with --allow-changed train.lr); 130 for Ctrl-C before training started.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -47,6 +52,8 @@ def summary_lines(summary: dict[str, Any], cfg: Config, run_dir: Path) -> list[s
         checkpoint runs/x/global_step300, model runs/x/model.pt
         next: python eval/extrapolate.py --runs runs/x --data data/stdlib-2k --out results/lm
               python launch/generate.py runs/x --prompt "def " --max-new-tokens 100
+
+    Paths in the commands are shell-quoted (``--runs 'runs/my run'``), so each line runs as printed.
     """
     start, step, seconds = summary["start_step"], summary["step"], summary["seconds"]
     tokens = (step - start) * summary["tokens_per_step"]
@@ -60,11 +67,11 @@ def summary_lines(summary: dict[str, Any], cfg: Config, run_dir: Path) -> list[s
     lines = [done, f"checkpoint {run_dir / f'global_step{step}'}" + (f", model {model}" if model.is_file() else "")]
     if summary["preempted"]:
         return lines
-    data = f" --data {cfg.data.path}" if cfg.data.path else ""
-    nexts = [f"python eval/extrapolate.py --runs {run_dir}{data} --out results/lm",
-             f'python launch/generate.py {run_dir} --prompt "def " --max-new-tokens 100']
+    run, data = shlex.quote(str(run_dir)), f" --data {shlex.quote(cfg.data.path)}" if cfg.data.path else ""
+    nexts = [f"python eval/extrapolate.py --runs {run}{data} --out results/lm",
+             f'python launch/generate.py {run} --prompt "def " --max-new-tokens 100']
     if not model.is_file():
-        nexts.insert(0, f"python launch/export.py {run_dir}")
+        nexts.insert(0, f"python launch/export.py {run}")
     return lines + ["next: " + nexts[0], *("      " + n for n in nexts[1:])]
 
 
@@ -82,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="check the data splits against their manifest at start: size, blocks (default: size + 64 "
                         "sampled blocks, at most 4 MiB read) or full (the whole file's sha256, once per file "
                         "version); the same as --set data.verify=LEVEL (docs/DATA.md), e.g. --verify-data full")
+    p.add_argument("--allow-changed", action="append", default=[], metavar="KEY",
+                   help="resume with this optimizer setting changed (repeatable), recorded in the run's "
+                        "changes.jsonl, e.g. --set train.lr=3e-4 --allow-changed train.lr after a divergence")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     args = p.parse_args(argv)
     if args.verify_data:
@@ -89,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, args.set)
     from regulargpt.train import default_run_dir, train
 
-    from regulargpt.run_directory import extension_config, with_saved_data_path
+    from regulargpt.run_directory import check_allow_changed, extension_config, with_saved_data_path
+
+    allow = check_allow_changed(args.allow_changed)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.config, cfg.train.seed)
     cfg, note = with_saved_data_path(run_dir, cfg, args.set)
@@ -100,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(note, file=sys.stderr, flush=True)
     if args.extend_to is not None:
         cfg = extension_config(run_dir, cfg, args.extend_to)
-    summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START)
+    summary = train(cfg, run_dir, parent_at_start=PARENT_AT_START, allow_changed=allow)
     rank = int(os.environ["RANK"])  # set by train() for every launcher (torchrun, deepspeed, srun, mpirun)
     if rank == 0:
         print("\n".join(summary_lines(summary, cfg, run_dir)), file=sys.stderr, flush=True)

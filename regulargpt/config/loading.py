@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from regulargpt.config.run_configs import Config, FormalConfig
 from regulargpt.config.sections import ConfigError
 from regulargpt.files import atomic_write_text, read_json_object
+from regulargpt.strict_json import DuplicateKeyError, loads_strict
 
 
 # ----------------------------------------------------------------------------------------------------- validation
@@ -155,7 +156,7 @@ def _parse_override_value(text: str, tp: Any, where: str) -> Any:
                 return [_parse_override_value(str(t) if not isinstance(t, str) else t, inner, where) for t in items]
             return [_parse_override_value(t.strip(), inner, where) for t in text.split(",") if t.strip()]
         if origin is dict:
-            return json.loads(text)
+            return loads_strict(text)
         if tp is bool or (origin is Literal and isinstance(typing.get_args(tp)[0], bool)):
             if text.lower() not in ("true", "false", "1", "0"):
                 raise ValueError
@@ -164,6 +165,8 @@ def _parse_override_value(text: str, tp: Any, where: str) -> Any:
             return int(text)
         if tp is float:
             return float(text)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"--set {where}={text}: {err}") from None
     except (ValueError, json.JSONDecodeError):
         raise ConfigError(f"--set {where}={text}: cannot convert {text!r} to {_type_name(tp)}") from None
     return text
@@ -183,7 +186,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], kind: type = Conf
         sections = {name: tp for name, tp in _sections(kind).items() if dataclasses.is_dataclass(tp)}
         if parts[0] in _sections(kind) and parts[0] not in sections and len(parts) >= 2:  # a pass-through object
             try:
-                value: Any = json.loads(text)
+                value: Any = loads_strict(text)
+            except DuplicateKeyError as err:
+                raise ConfigError(f"--set {item}: {err}") from None
             except json.JSONDecodeError:
                 value = text
             node = out.setdefault(parts[0], {})

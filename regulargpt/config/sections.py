@@ -229,10 +229,17 @@ class TrainConfig(FormalTrainConfig):
     # Steps at which `launch/pretrain.py --extend-to` continued a finished run; the LR schedule is re-planned from
     # each (regulargpt.train.engine.lr_factor). Written by --extend-to, not meant to be set by hand.
     extended_from: list[int] = field(default_factory=list)
+    # Divergence guard: a recorded training loss above divergence_factor x ln(vocab_size), the loss of a uniform
+    # prediction, stops the run (exit 2) and names the last good checkpoint and a command with a lower lr
+    # (regulargpt.train.divergence); 0 turns it off.
+    divergence_factor: float = 2.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._positive("grad_accum", "eval_batches", "keep_last", "dist_timeout_s")
+        if self.divergence_factor != 0 and self.divergence_factor <= 1:
+            self._fail("divergence_factor", self.divergence_factor, "0 (off) or a number > 1 (the loss limit is "
+                       "divergence_factor x ln(vocab_size); an untrained model starts at ln(vocab_size))")
         if not 0.0 <= self.warmup_fraction < 1.0:
             self._fail("warmup_fraction", self.warmup_fraction, "a fraction in [0, 1)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -29,7 +29,8 @@ __all__ = ["RunInfo", "check_compatible", "load_run", "open_eval_split", "run_va
 
 # Config keys that do not change what a run is (bookkeeping, resources): left out of its variant.
 _NOT_VARIANT = {"model": {"attention_memory_mb"},
-                "train": {"seed", "log_every", "eval_every", "eval_batches", "save_every", "keep_last", "max_bad_steps"}}
+                "train": {"seed", "log_every", "eval_every", "eval_batches", "save_every", "keep_last", "max_bad_steps",
+                          "divergence_factor"}}  # a stop rule: it changes no trained weight
 
 
 def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ directories through it too (file names in :mod:`regulargpt.run_directory.layout`
 :func:`saved_config`). Layout::
 
     runs/tiny-regular_gpt-seed0/       language-model trainer (regulargpt.train.loop)
-      config.resolved.json               the full config this run trains with (compared on resume)
+      config.resolved.json               the full config this run trains with (compared on resume; every
+                                         checkpoint's trainer_state.json holds a copy: lm_resume.run_config)
+      changes.jsonl                      settings changed on resume with --allow-changed, and from which step
       metrics.jsonl                      one JSON object per logged step (regulargpt.train.metrics_log)
       global_step100/ … global_step200/  DeepSpeed checkpoints + trainer_state.json, rng_rank<r>.pt, checksums.json
       latest                             "global_step200": the checkpoint a resume starts from
@@ -40,6 +42,8 @@ Consolidating a checkpoint into ``model.pt`` is :mod:`regulargpt.train.export`.
 """
 
 from regulargpt.run_directory.checkpoints import (
+    checkpoint_bytes,
+    checkpoint_config,
     checkpoint_steps,
     latest_step,
     load_rng,
@@ -54,7 +58,7 @@ from regulargpt.run_directory.checkpoints import (
     write_checksums,
     write_trainer_state,
 )
-from regulargpt.run_directory.ckpt_file import load_ckpt, save_ckpt
+from regulargpt.run_directory.ckpt_file import ckpt_config, load_ckpt, save_ckpt
 from regulargpt.run_directory.config_check import (
     ResumePolicy,
     check_config_unchanged,
@@ -63,11 +67,15 @@ from regulargpt.run_directory.config_check import (
 )
 from regulargpt.run_directory.fallback import fallback_warning, set_aside
 from regulargpt.run_directory.lm_resume import (
+    ALLOW_CHANGED_KEYS,
+    CHANGES_FILE,
     RESUME_FREE,
     RESUME_FREE_KEYS,
+    check_allow_changed,
     check_or_write_config,
     default_run_dir,
     extension_config,
+    run_config,
     set_aside_export,
     with_saved_data_path,
 )
@@ -85,12 +93,13 @@ from regulargpt.run_directory.world_change import (
 __all__ = [
     # layout and the language model's resume policy
     "default_run_dir", "RESUME_FREE", "RESUME_FREE_KEYS", "check_or_write_config", "extension_config",
-    "set_aside_export", "with_saved_data_path",
+    "set_aside_export", "with_saved_data_path", "run_config", "ALLOW_CHANGED_KEYS", "CHANGES_FILE",
+    "check_allow_changed",
     # config on resume, metrics on resume, fallback: shared by both trainers
     "ResumePolicy", "saved_config", "config_changes", "check_config_unchanged", "truncate_after", "open_for_append",
     "set_aside", "fallback_warning",
     # language-model checkpoints
-    "checkpoint_steps", "latest_step", "write_trainer_state", "read_trainer_state", "write_checksums",
+    "checkpoint_steps", "latest_step", "checkpoint_config", "checkpoint_bytes", "write_trainer_state", "read_trainer_state", "write_checksums",
     "verify_checkpoint", "resume_step", "mark_latest", "prune_checkpoints", "remove_partial_checkpoints",
     "rng_state", "save_rng", "load_rng", "safe_loading",
     # one trainer per run directory
@@ -98,5 +107,5 @@ __all__ = [
     # resuming on another number of processes
     "grad_accum_for", "needs_universal", "to_universal", "drop_universal", "trainer_state_fields",
     # formal checkpoints
-    "save_ckpt", "load_ckpt",
+    "save_ckpt", "load_ckpt", "ckpt_config",
 ]

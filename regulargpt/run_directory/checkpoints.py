@@ -41,6 +41,8 @@ __all__ = [
     "latest_step",
     "write_trainer_state",
     "read_trainer_state",
+    "checkpoint_config",
+    "checkpoint_bytes",
     "write_checksums",
     "verify_checkpoint",
     "resume_step",
@@ -87,6 +89,35 @@ def read_trainer_state(run_dir: Path, step: int) -> dict[str, Any]:
     if not path.is_file():
         raise TrainError(f"{path}: missing; not a checkpoint written by regulargpt")
     return read_json_object(path, TrainError, "the checkpoint is corrupt")
+
+
+def checkpoint_config(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
+    """(step, resolved config) from the newest checkpoint whose ``trainer_state.json`` carries one (``"config"``:
+    written since #37; older checkpoints have none) → None when no checkpoint does. The one ``latest`` names is
+    tried first, then the other folders, newest first; unreadable ones are passed over."""
+    try:
+        newest = latest_step(run_dir)
+    except TrainError:
+        newest = None
+    for step in dict.fromkeys([*([newest] if newest is not None else []), *reversed(checkpoint_steps(run_dir))]):
+        try:
+            config = read_trainer_state(run_dir, step).get("config")
+        except TrainError:
+            continue
+        if isinstance(config, dict):
+            return step, config
+    return None
+
+
+def checkpoint_bytes(run_dir: Path) -> int | None:
+    """Bytes of the checkpoint ``latest`` names (what the next one needs, for a disk-full message); None without."""
+    try:
+        step = latest_step(run_dir)
+    except TrainError:
+        return None
+    if step is None:
+        return None
+    return sum(p.stat().st_size for p in (run_dir / f"global_step{step}").rglob("*") if p.is_file())
 
 
 def write_checksums(run_dir: Path, step: int) -> None:
@@ -193,13 +224,14 @@ def _delete_checkpoint(run_dir: Path, step: int) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
-    """Delete complete checkpoints older than the newest `keep` (never the latest, never newer ones); → deleted."""
+def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> list[int]:
+    """Delete complete checkpoints older than the newest `keep` (never the latest, never newer ones, never
+    `protect`: the newest one known good while newer ones are unverified, regulargpt.train.divergence); → deleted."""
     last = latest_step(run_dir)
     if last is None:
         return []
     complete = [s for s in checkpoint_steps(run_dir) if s <= last]
-    doomed = complete[:-keep] if keep > 0 else []
+    doomed = [s for s in complete[:-keep] if s != protect] if keep > 0 else []
     for s in doomed:
         _delete_checkpoint(run_dir, s)
     return doomed

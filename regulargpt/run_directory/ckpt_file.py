@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from regulargpt.checkpoint import CheckpointError
-from regulargpt.files import atomic_write_bytes
+from regulargpt.files import atomic_write_bytes, explain_disk_full
 from regulargpt.run_directory.layout import CKPT_FILE, METRICS_FILE, PREV_CKPT_FILE
 from regulargpt.run_directory.fallback import fallback_warning, set_aside
 
@@ -33,7 +33,8 @@ def save_ckpt(run_dir: Path, state: dict[str, Any]) -> None:
     """Write ckpt.pt atomically, keeping the one it replaces as ckpt.prev.pt."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    atomic_write_bytes(run_dir / CKPT_FILE, buffer.getvalue(), previous=run_dir / PREV_CKPT_FILE)
+    with explain_disk_full(run_dir / CKPT_FILE, "the checkpoint", len(buffer.getvalue())):
+        atomic_write_bytes(run_dir / CKPT_FILE, buffer.getvalue(), previous=run_dir / PREV_CKPT_FILE)
 
 
 def _read(path: Path, required: Iterable[str]) -> tuple[dict[str, Any] | None, str]:
@@ -46,6 +47,16 @@ def _read(path: Path, required: Iterable[str]) -> tuple[dict[str, Any] | None, s
     if not isinstance(state, dict) or any(key not in state for key in keys):
         return None, f"not a formal-training checkpoint (expected keys {', '.join(keys)})"
     return state, ""
+
+
+def ckpt_config(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(file, resolved config) from ckpt.pt, else ckpt.prev.pt, when it carries one (``"config"``: saved since
+    #37); None otherwise. For a run whose config.resolved.json is lost (the formal trainer's _prepare_run_dir)."""
+    for path in (run_dir / CKPT_FILE, run_dir / PREV_CKPT_FILE):
+        state = _read(path, ())[0] if path.is_file() else None
+        if state is not None and isinstance(state.get("config"), dict):
+            return path, state["config"]
+    return None
 
 
 def load_ckpt(run_dir: Path, required: Iterable[str]) -> dict[str, Any] | None:

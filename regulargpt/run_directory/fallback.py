@@ -18,9 +18,10 @@ from pathlib import Path
 __all__ = ["set_aside", "fallback_warning"]
 
 
-def set_aside(path: Path) -> Path:
-    """Rename a corrupt checkpoint file or folder to the first free ``<name>.corrupt[N]`` → the new path."""
-    base = path.with_name(f"{path.name}.corrupt")
+def set_aside(path: Path, suffix: str = "corrupt") -> Path:
+    """Rename a corrupt checkpoint file or folder to the first free ``<name>.corrupt[N]`` → the new path (``suffix``
+    "diverged": a checkpoint saved after a run diverged, regulargpt.train.divergence)."""
+    base = path.with_name(f"{path.name}.{suffix}")
     target, n = base, 1
     while target.exists():
         target, n = base.with_name(f"{base.name}{n}"), n + 1

@@ -2,8 +2,13 @@
 
 ``RUN/trainer.lock`` is a JSON record of its holder, written by rank 0 before anything else in the run directory::
 
-    {"host": "node17", "pid": 48213, "job_id": "912345", "started": 1764617000.0, "heartbeat": 1764617270.5,
-     "token": "5f0c…"}
+    {"host": "node17", "pid": 48213, "pid_start": 73311, "dir": "/scratch/runs/a", "dir_inode": 5244,
+     "job_id": "912345", "started": 1764617000.0, "heartbeat": 1764617270.5, "token": "5f0c…"}
+
+``pid_start`` is the holder's start time (field 22 of ``/proc/<pid>/stat``, clock ticks since boot), so a pid the
+system has since given to another process is not mistaken for the trainer; ``dir`` and ``dir_inode`` are the run
+directory it locked, so a lock file copied along with a run directory (``cp -r runs/a runs/b``: another path and
+another inode) is not taken for the lock of the copy.
 
 Taking it is atomic without ``flock`` (which NFS may ignore): the record is written completely to a private temporary
 file, which is then hard-linked to ``trainer.lock``; ``link`` fails when the name exists, on NFS too, and success
@@ -12,12 +17,15 @@ daemon thread rewrites the record every ``heartbeat_s`` (atomic replace) with a 
 
 A lock already there is **taken over**, with a message, when its holder is provably gone:
 
-* its host is this host and its pid no longer exists (a run killed with ``kill -9``, an OOM kill), or
+* it was written for another directory (both the path and the inode differ: a copied run directory), or
+* its host is this host and its pid no longer exists (a run killed with ``kill -9``, an OOM kill) or now belongs to
+  a process started at another time (the pid was reused), or
 * its heartbeat is older than ``stale_s`` (:data:`STALE_S` = 300 s by default, ten missed heartbeats: the holder's
   node died or hangs; hosts' clocks are assumed to agree to much better than that).
 
 Otherwise the newcomer gets one line naming the holder and how to proceed (:class:`TrainError`, before it has
-written anything). Takeover renames the stale file aside (atomic: of two newcomers only one succeeds) and checks
+written anything): on this host the pid has been checked (same start time, same directory) before it is named.
+A run directory that cannot be written (read-only file system, no permission) is one TrainError line as well. Takeover renames the stale file aside (atomic: of two newcomers only one succeeds) and checks
 that what it moved is the record it judged stale. The lock is released (its file deleted, if still ours) on every
 exit path that runs Python's ``finally`` blocks; after ``kill -9`` or ``os._exit`` the pid rule frees it at the
 next start on the same host, the heartbeat rule after ``stale_s`` elsewhere.
@@ -50,7 +58,7 @@ from regulargpt.errors import TrainError
 from regulargpt.files import atomic_write_text
 from regulargpt.run_directory.layout import LOCK_FILE
 
-__all__ = ["HEARTBEAT_S", "STALE_S", "RunDirLock", "lock_holder", "describe_holder"]
+__all__ = ["HEARTBEAT_S", "STALE_S", "RunDirLock", "lock_holder", "describe_holder", "pid_start_time"]
 
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
@@ -87,6 +95,18 @@ def describe_holder(holder: dict[str, Any], now: float) -> str:
             f"{now - float(holder.get('heartbeat', 0)):.0f} s ago")
 
 
+def pid_start_time(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat); None when there is
+    no such process or no /proc. The command name (field 2) may hold spaces and parentheses: fields are counted
+    after its last ')'."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # field 3 onwards
+    return int(fields[22 - 3]) if len(fields) > 22 - 3 else None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -105,7 +125,7 @@ class RunDirLock:
             raise ValueError(f"RunDirLock: need 0 < heartbeat_s ({heartbeat_s}) < stale_s ({stale_s})")
         self.run_dir, self.path = run_dir, run_dir / LOCK_FILE
         self.heartbeat_s, self.stale_s = heartbeat_s, stale_s
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid, self.pid_start = socket.gethostname(), os.getpid(), pid_start_time(os.getpid())
         self.token = uuid.uuid4().hex
         self.lost: str | None = None  # set by the heartbeat when another process has taken the lock
         self._held = False
@@ -117,7 +137,10 @@ class RunDirLock:
     def acquire(self) -> str | None:
         """Take the lock (creating `run_dir` if needed) and start the heartbeat → None, or a one-line note when a
         dead holder's lock was taken over. TrainError naming the holder when a live trainer holds it."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise TrainError(self._unwritable(err)) from None
         note = None
         for _ in range(3):  # a holder that releases, or a takeover by another newcomer, between our steps
             if self._link():
@@ -152,14 +175,18 @@ class RunDirLock:
 
     def _record(self, started: float | None = None) -> str:
         now = time.time()
-        return json.dumps({"host": self.host, "pid": self.pid, "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        return json.dumps({"host": self.host, "pid": self.pid, "pid_start": self.pid_start, **self._dir_identity(),
+                           "job_id": os.environ.get("SLURM_JOB_ID", ""),
                            "started": now if started is None else started, "heartbeat": now,
                            "token": self.token}) + "\n"
 
     def _link(self) -> bool:
         """Create the lock file atomically with its full record → True when it is ours."""
         tmp = self.run_dir / f".{LOCK_FILE}.{self.host}.{self.pid}.{self.token[:8]}.tmp"
-        tmp.write_text(self._record())
+        try:
+            tmp.write_text(self._record())
+        except OSError as err:
+            raise TrainError(self._unwritable(err)) from None
         try:
             try:
                 os.link(tmp, self.path)
@@ -169,12 +196,28 @@ class RunDirLock:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def _unwritable(self, err: OSError) -> str:
+        """The line for a run directory this process cannot write (read-only file system, no permission, full)."""
+        return (f"{self.run_dir}: cannot write in the run directory ({err.strerror or err}); the trainer writes its "
+                f"lock, checkpoints and metrics there: make it writable or choose another --run-dir")
+
+    def _dir_identity(self) -> dict[str, Any]:
+        """{"dir": the run directory's resolved path, "dir_inode": its inode} (the inode stays when the directory is
+        renamed or seen from another node's mount; a copy has a new one)."""
+        return {"dir": str(self.run_dir.resolve()), "dir_inode": self.run_dir.stat().st_ino}
+
     def _stale(self, holder: dict[str, Any], now: float) -> str | None:
         """Why `holder` is gone (the message's reason), or None when it may be alive."""
         age = now - float(holder.get("heartbeat", 0))
+        mine = self._dir_identity()
+        if "dir" in holder and holder["dir"] != mine["dir"] and holder.get("dir_inode") != mine["dir_inode"]:
+            return f"it was written for {holder['dir']} (this directory is a copy of that one)"
         if holder.get("host") == self.host and isinstance(holder.get("pid"), int):
             if holder["pid"] == self.pid or not _pid_alive(holder["pid"]):
                 return "its process no longer exists on this host"
+            start = holder.get("pid_start")
+            if isinstance(start, int) and pid_start_time(holder["pid"]) != start:
+                return f"pid {holder['pid']} now belongs to another process (started at another time)"
         if age > self.stale_s:
             return f"its heartbeat is {age:.0f} s old (more than {self.stale_s:.0f} s)"
         return None

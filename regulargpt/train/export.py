@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from regulargpt.config import Config, ConfigError, config_from_saved
-from regulargpt.files import read_json_object, remove_dead_temporaries
+from regulargpt.config import Config
+from regulargpt.files import remove_dead_temporaries
 from regulargpt.run_directory.layout import CONFIG_FILE, MODEL_FILE
+from regulargpt.run_directory.lm_resume import run_config
 from regulargpt.train.engine import TrainError
 from regulargpt.run_directory.checkpoints import (
     checkpoint_steps,
@@ -70,14 +71,14 @@ def consolidated_state_dict(run_dir: Path, step: int) -> dict[str, torch.Tensor]
 
 def consolidated_model(run_dir: str | Path, step: int | None = None) -> tuple[Config, nn.Module, dict[str, Any]]:
     """(config, fp32 model, meta) of checkpoint `step` (default: the one ``latest`` names), verified, consolidated
-    over ranks and loaded with ``strict=True``. meta: step, tokens, run_dir, checkpoint, tokenizer_sha256."""
+    over ranks and loaded with ``strict=True``. meta: step, tokens, run_dir, checkpoint, tokenizer_sha256.
+    TrainError for a checkpoint holding a NaN or infinite weight: such a model is never exported."""
     from regulargpt.model import build_model
 
     run_dir = Path(run_dir)
-    cfg_path = run_dir / CONFIG_FILE
-    if not cfg_path.is_file():
+    cfg, _ = run_config(run_dir)  # config.resolved.json, or the copy in the newest checkpoint when it is lost
+    if cfg is None:
         raise TrainError(f"{run_dir}: no {CONFIG_FILE}; not a run directory")
-    cfg = config_from_saved(read_json_object(cfg_path, ConfigError), source=str(cfg_path))
     if step is None:
         step = latest_step(run_dir)
         if step is None:
@@ -95,6 +96,12 @@ def consolidated_model(run_dir: str | Path, step: int | None = None) -> tuple[Co
     except (OSError, RuntimeError, KeyError, ValueError) as err:  # e.g. a legacy checkpoint with a damaged file
         raise TrainError(f"{run_dir}/global_step{step}: cannot read the checkpoint "
                          f"({type(err).__name__}: {err})") from None
+    bad = [name for name, tensor in state.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+    if bad:
+        raise TrainError(f"{run_dir}/global_step{step}: non-finite weights ({', '.join(bad[:3])}"
+                         f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}): the run diverged before this "
+                         f"checkpoint; nothing exported (have {checkpoint_steps(run_dir)}; export an earlier one "
+                         f"with --step N)")
     model = build_model(cfg.model)
     try:
         model.load_state_dict(state, strict=True)

@@ -50,7 +50,7 @@ from torch import nn
 from tqdm import tqdm
 
 from regulargpt.checkpoint import CheckpointError, save_model_file
-from regulargpt.config import ConfigError, FormalConfig, formal_config_from_saved, save_config
+from regulargpt.config import ConfigError, FormalConfig, config_to_dict, formal_config_from_saved, save_config
 from regulargpt.evaluation.formal_scoring import RangeEvalError, held_out_grades, parse_lengths
 from regulargpt.files import read_jsonl
 from regulargpt.model import build_model
@@ -62,6 +62,7 @@ from regulargpt.train.formal_selection import KeptModel
 from regulargpt.run_directory import (
     ResumePolicy,
     check_config_unchanged,
+    ckpt_config,
     config_changes,
     load_ckpt,
     open_for_append,
@@ -147,8 +148,21 @@ def formal_task(cfg: FormalConfig) -> Task:
 
 def _prepare_run_dir(cfg: FormalConfig, run_dir: Path) -> None:
     """Compare the run's saved config with `cfg` (a difference outside ``logging`` is a ConfigError naming the keys),
-    then record `cfg` as the run's config. A run saved before FormalConfig existed is read without its LM-only keys."""
-    old = saved_config(run_dir, ConfigError, read=formal_config_from_saved)
+    then record `cfg` as the run's config. A run saved before FormalConfig existed is read without its LM-only keys.
+    A missing or unreadable config.resolved.json is replaced by the copy inside ckpt.pt (or ckpt.prev.pt), with a
+    note; checkpoints written before they held one resume as before."""
+    try:
+        old, why = saved_config(run_dir, ConfigError, read=formal_config_from_saved), "is missing"
+    except ConfigError:
+        if ckpt_config(run_dir) is None:
+            raise
+        old, why = None, "is unreadable"
+    found = ckpt_config(run_dir) if old is None else None
+    if found is not None:
+        path, raw = found
+        old = formal_config_from_saved(raw, source=f"{path}[config]")
+        print(f"note: {run_dir / CONFIG_FILE} {why}; using the config saved in {path.name} and rewriting the file "
+              f"from it", file=sys.stderr, flush=True)
     if old is not None:
         check_config_unchanged(run_dir, config_changes(old, cfg, _RESUME_FREE), ConfigError)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,11 +226,12 @@ def train_formal(
                    if solve_check and row["score"] >= solve_check.threshold), None) if solve_check else None
 
     def checkpoint() -> None:
-        save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": raw_config,
                                "data_rng": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
                                "step": step, "seconds": seconds, "cpu_seconds": cpu_seconds,
                                "bad_steps": bad_steps, "kept": kept and kept.state()})
 
+    raw_config = config_to_dict(cfg)  # in every checkpoint, should config.resolved.json be lost
     model.train()
     lengths = cfg.data.max_length - cfg.data.min_length + 1
     end = tc.steps if stop_at is None else min(stop_at, tc.steps)

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from regulargpt import run_directory as rd
-from regulargpt.config import Config
+from regulargpt.config import Config, config_to_dict
 from regulargpt.errors import TrainError
+from regulargpt.files import explain_disk_full
 from regulargpt.train.engine import lr_factor
 
 __all__ = ["Checkpoints", "rank0_decides", "seed_all", "seed_rank_stream"]
@@ -71,23 +72,27 @@ class Checkpoints:
 
     def client_state(self, step: int, tokens: int, bad_steps: int) -> dict[str, Any]:
         return {"step": step, "tokens": tokens, "world_size": self.world, "bad_steps": bad_steps,
+                "config": config_to_dict(self.cfg),  # the run's config, should config.resolved.json be lost
                 "sampler": self.sampler.settings(),
                 "data": self.fingerprint, "zero_stage": self.cfg.train.zero_stage,
                 "precision": self.cfg.train.precision, "param_names": self.param_names,
                 **rd.trainer_state_fields(self.cfg.train.batch_size, self.cfg.train.grad_accum, self.world)}
 
-    def save(self, step: int, tokens: int, bad_steps: int) -> None:
+    def save(self, step: int, tokens: int, bad_steps: int, protect: int | None = None) -> None:
+        """Write checkpoint `step` (every rank); pruning to ``keep_last`` spares `protect` (the last good one)."""
         tag = f"global_step{step}"
         state = self.client_state(step, tokens, bad_steps)
-        self.engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=state, save_latest=False)
-        rd.save_rng(self.run_dir, step, self.rank)
-        if self.rank == 0:
-            rd.write_trainer_state(self.run_dir, step, state)
+        with explain_disk_full(self.run_dir / tag, "the checkpoint", rd.checkpoint_bytes(self.run_dir)):
+            self.engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=state, save_latest=False)
+            rd.save_rng(self.run_dir, step, self.rank)
+            if self.rank == 0:
+                rd.write_trainer_state(self.run_dir, step, state)
         self.dist.barrier()
         if self.rank == 0:
-            rd.write_checksums(self.run_dir, step)
-            rd.mark_latest(self.run_dir, step)
-            rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last)
+            with explain_disk_full(self.run_dir / tag, "the checkpoint", rd.checkpoint_bytes(self.run_dir)):
+                rd.write_checksums(self.run_dir, step)
+                rd.mark_latest(self.run_dir, step)
+            rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last, protect)
             rd.drop_universal(self.run_dir)  # a world-size change's conversion, if any: superseded now
         self.dist.barrier()
 
@@ -136,8 +141,11 @@ class Checkpoints:
         else:  # another data order and per-rank RNG streams, both a function of (seed, step, rank) for this world
             self.sampler.check_resume({**state["sampler"], "world_size": self.world})
             seed_rank_stream(self.cfg.train.seed, self.rank, step)
-        # The optimizer's lr comes back as the checkpoint's schedule left it; an extended run re-planned the
-        # schedule, so set it from this config's (for an ordinary resume this is the same value).
-        for group, base in zip(self.scheduler.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = base * lr_factor(step, self.cfg)
+        # The optimizer's settings come back as the checkpoint saved them: take this config's instead (for an
+        # ordinary resume the same values; an extended run re-planned the schedule, and --allow-changed may have
+        # changed train.lr, beta1, beta2 or eps). LambdaLR multiplies base_lrs by the schedule at every step.
+        t = self.cfg.train
+        self.scheduler.base_lrs = [t.lr] * len(self.scheduler.optimizer.param_groups)
+        for group in self.scheduler.optimizer.param_groups:
+            group.update(initial_lr=t.lr, lr=t.lr * lr_factor(step, self.cfg), betas=(t.beta1, t.beta2), eps=t.eps)
         return state["step"], state["tokens"], state.get("bad_steps", 0)

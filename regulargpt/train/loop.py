@@ -39,13 +39,20 @@ Non-finite steps: a step with a non-finite loss on any rank, or a non-finite glo
 backward passes to the boundary and :class:`~regulargpt.train.engine.GuardedAdamW` discards the update; the verdict
 is all-reduced, so all ranks agree. Weights and optimizer state are unchanged, the LR schedule still advances with
 the step count, a warning is printed and the step is logged with ``"skipped": true``. More than ``train.max_bad_steps`` skipped steps in a run (the
-count is kept in checkpoints) stop it with a TrainError; the checkpoints on disk are left as they are.
+count is kept in checkpoints) stop it with a TrainError, and so does a recorded loss above
+``train.divergence_factor`` × ln V or a non-finite loss at the last step (:mod:`regulargpt.train.divergence`):
+checkpoints saved after the weights went bad are set aside, ``latest`` names the last good one, and the message
+ends with the launch command plus ``--set train.lr=… --allow-changed train.lr``, which resumes from it.
+
+The ``lr`` of a metrics record is the rate the optimizer applied at that step (its param group's, read before
+the step), so a resume with ``--allow-changed train.lr`` shows in the record from the step it took effect.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging as _stdlib_logging
+import math
 import sys
 import time
 import warnings
@@ -66,13 +73,14 @@ from regulargpt.train.engine import (
     build_engine,
     check_deepspeed_config,
     check_precision,
-    lr_factor,
     prepare_process_env,
     skip_shm_build,
 )
+from regulargpt.train.divergence import DivergenceGuard, keep_good_checkpoints, lower_lr_command
 from regulargpt.train.lm_checkpoint import Checkpoints, rank0_decides, seed_all, seed_rank_stream
 from regulargpt.train.lm_data import data_fingerprint, open_data
 from regulargpt.train.lm_step import StepRunner
+from regulargpt.train.memory_check import check_memory
 from regulargpt.train.step_stats import StepStats
 from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
@@ -82,14 +90,14 @@ __all__ = ["open_data", "train"]  # open_data lives in lm_data; re-exported for 
 
 class _Trainer:
     def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]],
-                 lock: rd.RunDirLock) -> None:
+                 lock: rd.RunDirLock, allow: frozenset[str], command: str) -> None:
         import deepspeed
         import torch.distributed as dist
 
         from regulargpt.data import WindowSampler
         from regulargpt.model import build_model
 
-        self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
+        self.cfg, self.run_dir, self.dist, self.command = cfg, run_dir, dist, command
         self.rank, self.world = env["rank"], env["world_size"]
         train_split, val_split, manifest = data
         fingerprint = data_fingerprint(manifest)
@@ -100,13 +108,13 @@ class _Trainer:
         took_over = self._rank0_decides(lock.acquire)  # before anything is written in the run directory
         if took_over:
             print(f"note: {took_over}", file=sys.stderr, flush=True)
-        rd.check_or_write_config(run_dir, cfg, write=False)  # a changed config is reported before the batch plan
+        rd.check_or_write_config(run_dir, cfg, write=False, allow=allow)  # a changed config: before the batch plan
         accum, note = self._rank0_decides(lambda: rd.grad_accum_for(run_dir, cfg, self.world))  # or refuse
         if note:
             if self.rank == 0:
                 print(f"note: {note}", file=sys.stderr, flush=True)
             cfg = self.cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, grad_accum=accum))
-        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0)
+        extending = rd.check_or_write_config(run_dir, cfg, write=self.rank == 0, allow=allow)
         if extending is not None and self.rank == 0:
             rd.set_aside_export(run_dir, extending)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +145,7 @@ class _Trainer:
         if resumed is not None:
             self.step, self.tokens, self.bad_steps = resumed
         self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
+        self.guard = DivergenceGuard(t.divergence_factor, cfg.model.vocab_size, self.step)
 
     def _shared_peak(self, device: str) -> tuple[float, str]:
         """Rank 0 reads the per-machine peak (measured once, 3 s, while the other ranks wait) and sends it to all."""
@@ -169,23 +178,28 @@ class _Trainer:
 
     def save(self) -> None:
         """Checkpoint ``global_step<step>`` (every rank; regulargpt.train.lm_checkpoint)."""
-        self.checkpoints.save(self.step, self.tokens, self.bad_steps)
+        self.checkpoints.save(self.step, self.tokens, self.bad_steps, protect=self.guard.good_step)
+        self.guard.saved(self.step)
 
     def train_step(self, stop: StopRequest) -> tuple[torch.Tensor, bool, bool, bool]:
         """The next optimizer step (regulargpt.train.lm_step.StepRunner.run)."""
         return self.steps.run(self.step, stop)
 
+    def _stop(self, what: str) -> None:
+        """Stop a run whose weights went bad: rank 0 sets aside the checkpoints saved since the last good one
+        (regulargpt.train.divergence); every rank raises the same TrainError, ending in the command that resumes
+        from that checkpoint at a lower rate."""
+        kept = self._rank0_decides(lambda: keep_good_checkpoints(self.run_dir, self.guard.good_step))
+        raise TrainError(f"step {self.step}: {what}; stopped without saving: {kept}. Continue at a lower learning "
+                         f"rate with: {lower_lr_command(self.command, self.cfg.train.lr)}")
+
     def _skip(self, loss: float) -> None:
         """Count a skipped step; warn, or stop the run when there were more than train.max_bad_steps."""
         t = self.cfg.train
         self.bad_steps += 1
-        latest = rd.latest_step(self.run_dir)
         if self.bad_steps > t.max_bad_steps:
-            kept = f"the last good checkpoint is global_step{latest}" if latest is not None else "no checkpoint yet"
-            raise TrainError(f"step {self.step}: {self.bad_steps} steps skipped for a non-finite loss or gradient, "
-                             f"more than train.max_bad_steps={t.max_bad_steps}; stopped ({kept} in {self.run_dir}). "
-                             f"Lower train.lr or fix the data, then rerun to resume (raising train.max_bad_steps "
-                             f"is allowed on resume)")
+            self._stop(f"{self.bad_steps} steps skipped for a non-finite loss or gradient, more than "
+                       f"train.max_bad_steps={t.max_bad_steps}")
         self.log.message(f"warning: step {self.step}: non-finite loss or gradient (loss {loss}); step skipped, "
                          f"weights unchanged ({self.bad_steps}/{t.max_bad_steps} allowed)")
 
@@ -217,8 +231,8 @@ class _Trainer:
         stats = StepStats(self.device)
         while self.step < t.steps:
             start = time.perf_counter()
+            lr = self.steps.optimizer.param_groups[0]["lr"]  # the rate this step applies (a float: no device sync)
             loss, skipped, signalled, orphaned = self.train_step(stop)
-            lr = t.lr * lr_factor(self.step, cfg)
             self.step += 1
             self.tokens += self.tokens_per_step
             stats.add(loss, None if skipped else self.steps.grad_norm)
@@ -228,11 +242,16 @@ class _Trainer:
             if record:
                 loss, grad_norm = stats.read(self.steps.reduce, self.world)  # waits for the device: inside the window
                 last_loss = loss
+                self.guard.seen(loss)  # vouches for the checkpoints saved before this window
             window_time += time.perf_counter() - start
             window_tokens += self.tokens_per_step
             self.log.advance()
+            if record and self.guard.diverged(loss):
+                self._stop(f"{self.guard.describe(loss)}: the run diverged")
             if skipped:
                 self._skip(loss)
+            if final and not math.isfinite(loss):
+                self._stop(f"the last step's loss is {loss} (non-finite), so no model.pt is written")
             if record:
                 rec: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr}
                 if grad_norm is not None:
@@ -298,14 +317,16 @@ def _quiet_deepspeed() -> None:
     logger.setLevel(_stdlib_logging.WARNING)
 
 
-def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) -> dict[str, Any]:
+def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None,
+          allow_changed: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Train (or resume) the run in `run_dir` → summary {"step", "tokens", "preempted", "val_loss", "run_dir",
     "loss", "start_step", "seconds", "tokens_per_step", "stop_reason", "resume_command"} (``loss``/``val_loss``:
     the last of this invocation, None if none ran; the last two say why a preempted run stopped and how to continue
     it).
 
     `parent_at_start`: the parent pid when the process started (``os.getppid()`` before the slow imports): a rank
-    whose launcher has ended since stops here with a TrainError instead of training on, unwatched."""
+    whose launcher has ended since stops here with a TrainError instead of training on, unwatched.
+    `allow_changed`: config keys a resume may change (``--allow-changed``; run_directory.ALLOW_CHANGED_KEYS)."""
     # DeepSpeed ZeRO-3 calls these collectives every step; torch 2.13 warns on each call.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
                             r"is deprecated", category=FutureWarning)
@@ -326,7 +347,9 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None) 
         skip_shm_build()
         _quiet_deepspeed()
         check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
-        trainer = _Trainer(cfg, Path(run_dir), env, data, lock)
+        device = (torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu"))
+        check_memory(cfg, env["world_size"], env["local_world_size"], device)  # a step that cannot fit: refused now
+        trainer = _Trainer(cfg, Path(run_dir), env, data, lock, allow_changed, resume)
         try:
             summary = trainer.run(stop)
         except RuntimeError as err:

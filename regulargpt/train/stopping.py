@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -115,12 +116,19 @@ def orphaned(parent_at_start: int | None) -> bool:
 
 def launch_command(chain: list[psutil.Process]) -> str:
     """The command that started this run, e.g. ``deepspeed --num_gpus 2 launch/pretrain.py --config …``: the top
-    launcher's command line (without its python interpreter), or this process's own (``python launch/pretrain.py …``);
+    launcher's command line (without its python interpreter), or this process's own (``python launch/pretrain.py …``,
+    with this interpreter's full path when ``python`` on PATH is another one, so the command works as printed);
     DeepSpeed's ``--local_rank`` argument is left out."""
-    words = _cmdline(chain[-1]) if chain else ["python", *sys.argv]
+    words = _cmdline(chain[-1]) if chain else [_python(), *sys.argv]
     if len(words) > 1 and Path(words[1]).name in LAUNCHERS:
         words = [Path(words[1]).name, *words[2:]]  # "/venv/bin/python /venv/bin/deepspeed …" → "deepspeed …"
     return shlex.join(w for w in words if not w.startswith("--local_rank"))
+
+
+def _python() -> str:
+    """"python" when that name on PATH runs this interpreter, else this interpreter's path."""
+    found = shutil.which("python")
+    return "python" if found and Path(found).resolve() == Path(sys.executable).resolve() else sys.executable
 
 
 def _label(proc: psutil.Process) -> str:
