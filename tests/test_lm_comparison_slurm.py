@@ -1,6 +1,7 @@
 """`eval/lm_comparison.py --slurm` built from a plan's Stage data: one array per stage with missing trainings, a
 scoring job chained after each, the report last; reruns submit only what is missing (--dry-run, no SLURM needed);
-and an array task's exit status when a signal stops its training (75: the array script requeues it)."""
+an array task's exit status when a signal stops its training (75: the array script requeues it); and (slow, long)
+the demo study for real on the single-node SLURM of slurm_cluster.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from slurm_cluster import slurm, wait_job  # noqa: F401 (slurm: the fixture)
 
 import regulargpt.experiments.lm_comparison.slurm as lm_slurm
 from regulargpt.commands.lm_comparison import main
@@ -119,3 +121,39 @@ def test_a_training_stopped_by_a_signal_before_model_pt_asks_for_a_requeue(tmp_p
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini): 4 tiny trainings, their scoring and the README on SLURM
+def test_the_demo_study_runs_on_slurm_and_a_rerun_submits_nothing(slurm, tmp_path) -> None:
+    import json
+    import subprocess
+
+    from regulargpt.data import prepare
+
+    data = tmp_path / "data"
+    prepare("python-stdlib", data / "python-stdlib", vocab_size=2048, max_bytes=400_000, val_fraction=0.1,
+            test_fraction=0.2, num_proc=1)
+    out = tmp_path / "demo"
+    cmd = [sys.executable, "eval/lm_comparison.py", "--demo", "--out", str(out), "--data-root", str(data),
+           "--steps", "3", "--eval-tokens", "1024", "--slurm", "--array-throttle", "2",
+           "--sbatch-arg=--export=ALL,OMP_NUM_THREADS=1,WANDB_MODE=disabled"]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(cmd, cwd=root, env=slurm, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert "prepare" not in proc.stdout  # the data is there: no preparation job
+    report = words[words.index("report:") + 2]
+    info = wait_job(slurm, report, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=900)
+    logs = "".join(p.read_text() for p in sorted((out / "slurm").rglob("*.out")))
+    assert info["JobState"] == "COMPLETED", logs[-4000:]
+    rows = [json.loads(x) for x in (out / "python-stdlib" / "results.jsonl").read_text().splitlines()]
+    runs = {f"{m}-seed0" for m in ("regular_gpt", "alibi", "kerple_log", "nope")}
+    assert {Path(r["run"]).name for r in rows} == runs and {r["length"] for r in rows} == {64, 128, 256, 512, 1024}
+    assert len((out / "trainings.jsonl").read_text().splitlines()) == 4  # each task recorded its timing
+    assert (out / "README.md").is_file()
+    for name in ("regular_gpt", "alibi", "kerple_log", "nope"):  # each task's log names its run
+        assert f"dataset=python-stdlib variant={name} seed=0" in logs
+
+    rerun = subprocess.run(cmd, cwd=root, env=slurm, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0 and "nothing to submit" in rerun.stdout, rerun.stdout + rerun.stderr

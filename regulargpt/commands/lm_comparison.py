@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimate", action="store_true",
                    help="print the study's stages with CPU minutes estimated from v2's recorded timings, and exit")
     p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
+    p.add_argument("--data-root", help="prepared datasets folder (default data/lm_cpu), e.g. --data-root /scratch/lm_cpu")
     p.add_argument("--steps", type=positive_int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
     p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
     p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         first.out = Path(args.out).resolve()
     plans = [first, *(STUDIES[name] for name in first.then)]  # a staged study's follow-ups keep their own out
     for plan in plans:
+        if args.data_root:
+            plan.data_root = Path(args.data_root).resolve()
         if args.steps:
             plan.steps = args.steps
         if args.eval_tokens:

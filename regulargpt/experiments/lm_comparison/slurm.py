@@ -70,11 +70,13 @@ def stage_trainings(plan: Plan) -> Iterator[tuple[str, list[tuple[str, Variant, 
 
 def study_args(plan: Plan, args: argparse.Namespace, first: bool) -> list[str]:
     """The eval/lm_comparison.py flags that rebuild `plan` in a job: its study key (or --demo), and the sweep-wide
-    --out (first plan only, as in the command), --steps and --eval-tokens."""
+    --out (first plan only, as in the command), --data-root, --steps and --eval-tokens."""
     key = next((k for k, p in STUDIES.items() if p is plan), None)
     words = ["--study", key] if key is not None else ["--demo"]
     if first and args.out:
         words += ["--out", str(plan.out)]
+    if args.data_root:
+        words += ["--data-root", str(plan.data_root)]
     if args.steps:
         words += ["--steps", str(args.steps)]
     if args.eval_tokens:
