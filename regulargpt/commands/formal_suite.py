@@ -13,6 +13,10 @@ Subcommands (each resumable; rerun the same command to continue)::
     python eval/formal.py sweep --profile quick --out results/formal/runs
     python eval/formal.py sweep --profile paper --tasks parity_check --models regular_gpt_c2 --seeds 0 1 --lrs 3e-4
 
+    # the same on SLURM: one job array over the unfinished runs (a GPU each), then the tables (--dry-run: the
+    # scripts and sbatch commands only); rerun to queue what is still missing
+    python eval/formal.py sweep --profile paper --out results/formal/runs --slurm --gpus-per-task 1 --dry-run
+
     # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs; runs whose
     # folders are not under --runs are carried from the run records of the table being replaced (--fresh: not)
     python eval/formal.py aggregate --runs results/formal/runs --profile quick
