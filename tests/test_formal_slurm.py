@@ -59,6 +59,19 @@ def test_dry_run_writes_the_array_its_table_and_the_aggregation_and_queues_nothi
     assert (dry / "sbatch.txt").read_text().splitlines() == [array_cmd, aggregate_cmd]
 
 
+def test_a_sweep_larger_than_max_array_size_is_queued_as_several_arrays(tmp_path, capsys) -> None:
+    out = tmp_path / "runs"
+    assert formal_main(["sweep", *GRID, "--out", str(out), "--tables-dir", str(tmp_path), "--slurm", "--dry-run",
+                        "--max-array-size", "3"]) == 0
+    first, second, aggregate = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sbatch")]
+    assert "--array=0-2 " in first and "--array=0-0 " in second
+    assert "'--dependency=afterany:<job 1>:<job 2>'" in aggregate  # the tables wait for both arrays
+    dry = out / "slurm" / "dry-run"
+    assert (dry / "array-1.tsv").read_text().splitlines()[1].split("\t")[:4] == ["0", "even_pairs", "lstm", "1"]
+    assert f"--array-table {out}/slurm/array-1.tsv" in (dry / "array-1.sbatch").read_text()
+    assert f"export ARRAY_TABLE={out}/slurm/array-1.tsv" in (dry / "array-1.sbatch").read_text()
+
+
 @pytest.mark.parametrize("change, error, message", [
     (["--tasks", "no_such_task"], ConfigError, "unknown task config 'no_such_task'"),
     (["--models", "gpt5"], ConfigError, "unknown model preset 'gpt5'"),
@@ -96,6 +109,7 @@ def test_a_sweep_array_preempted_once_requeued_then_tabulated_and_a_rerun_submit
     assert proc.returncode == 0, proc.stderr
     words = proc.stdout.split()
     array_id, aggregate_id = words[words.index("array") + 2].rstrip(":"), words[words.index("aggregation") + 2]
+    assert len(json.loads((out / "slurm" / "jobs.json").read_text())["arrays"]) == 1
     assert job_info(slurm, aggregate_id)["Dependency"].startswith(f"afterany:{array_id}")
     again = _run(submit, slurm)  # its tasks read array.tsv: a second submission must not rewrite it under them
     assert again.returncode == 2 and f"job {array_id}, is still queued or running" in again.stderr, again.stderr
@@ -106,9 +120,16 @@ def test_a_sweep_array_preempted_once_requeued_then_tabulated_and_a_rerun_submit
     while not (run0 / "ckpt.pt").is_file() and time.time() < deadline:
         time.sleep(0.2)
     assert (run0 / "ckpt.pt").is_file() and not (run0 / "model.pt").exists(), "task 0: no checkpoint within 120 s"
-    # scancel may answer "Job can not be altered now, try again later" after delivering the signal, and retry: a
-    # second copy, which the array script does not pass on
-    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array_id}_0"], env=slurm, capture_output=True)
+    # scancel may answer "Job can not be altered now, try again later" after delivering the signal, and go on
+    # retrying for a minute: stopped once the task's log shows the signal
+    sender = subprocess.Popen(["scancel", "--batch", "--signal=USR1", f"{array_id}_0"], env=slurm,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log0 = out / "slurm" / "logs" / f"{array_id}_0.out"
+    deadline = time.time() + 60
+    while "SIGUSR1 received" not in log0.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    sender.kill()
+    sender.wait()
 
     done = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
     agg = wait_job(slurm, aggregate_id, done, timeout=400)
@@ -133,3 +154,36 @@ def test_a_sweep_array_preempted_once_requeued_then_tabulated_and_a_rerun_submit
     rerun = _run(submit, slurm)
     assert rerun.returncode == 0 and "nothing to submit" in rerun.stdout, rerun.stderr
     assert subprocess.run(["squeue", "-h"], env=slurm, capture_output=True, text=True).stdout.strip() == ""
+
+
+@pytest.mark.slow
+@pytest.mark.long  # `make test-all` only (pytest.ini)
+def test_scontrol_requeue_resumes_a_task_and_scancel_ends_it_after_its_checkpoint(slurm, tmp_path):
+    """SIGTERM is SLURM's: `scontrol requeue` brings the task back (SLURM requeues it, it resumes), `scancel` ends it
+    (the array script does not requeue it; its checkpoint is kept for a rerun of the sweep)."""
+    out, tables = tmp_path / "runs", tmp_path / "tables"
+    tables.mkdir()
+    proc = _run(["sweep", "--profile", "quick", "--tasks", "even_pairs", "--models", "rnn", "--seeds", "2",
+                 "--retrain-recorded", "--out", str(out), "--tables-dir", str(tables), "--slurm", "--time", "00:10:00",
+                 "--sbatch-arg=--export=ALL,OMP_NUM_THREADS=1", *_sets(TINY)], slurm)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    task = words[words.index("array") + 2].rstrip(":") + "_0"
+    log = out / "slurm" / "logs" / f"{task}.out"
+
+    def trained_after(starts: int) -> None:  # the task's python is up (its handlers in place) for the n-th time
+        deadline = time.time() + 120
+        while time.time() < deadline and (not log.is_file() or log.read_text().count("array task 0:") < starts):
+            time.sleep(0.2)
+        assert log.read_text().count("array task 0:") >= starts, log.read_text()[-2000:]
+
+    trained_after(1)
+    subprocess.run(["scontrol", "requeue", task], env=slurm, check=True)
+    trained_after(2)  # SLURM restarted it
+    assert "stop requested: checkpoint at step" in log.read_text()
+    subprocess.run(["scancel", task], env=slurm, capture_output=True)
+    wait_job(slurm, task, {"CANCELLED", "COMPLETED", "FAILED"}, timeout=60)
+    time.sleep(15)  # a requeued task would be pending or running again by now (cred_expire=10)
+    info, text = job_info(slurm, task), log.read_text()
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "1", (info, text[-2000:])
+    assert text.count("not requeued by this script") == 2 and "requeueing" not in text, text[-2000:]

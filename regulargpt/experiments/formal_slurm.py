@@ -4,15 +4,18 @@ finished, then one aggregation job that writes the tables once every task has en
 What is queued, for a sweep whose pending runs are R_0 … R_{n-1}::
 
     OUT/slurm/array.tsv        index, task, model, seed, lr, run_dir of R_0 … R_{n-1}: array task i runs row i
+                               (over --max-array-size runs, 1000: several arrays, array-1.tsv, array-2.tsv, …)
     sbatch --array=0-(n-1)[%N] launch/slurm/array.sbatch eval/formal.py sweep --profile P --out OUT … --device D
                                each task: --array-task i → the run of row i, trained (resumed from its checkpoint)
                                and range-evaluated; its log OUT/slurm/logs/<array>_<i>.out starts with its row
     sbatch --dependency=afterany:<array> launch/slurm/job.sbatch eval/formal.py aggregate --runs OUT --profile P …
                                the Table 1 / Table 2 files in --tables-dir, whatever the tasks' outcome
 
-A task stopped by SLURM (SIGUSR1 before its time limit, SIGTERM on preemption) checkpoints at the end of its
-current training step (or before its next evaluation file), exits with status :data:`STOPPED` and the array script
-requeues it (same job id, so the aggregation still waits); the requeued task resumes from the checkpoint. A rerun of
+A task stopped by SLURM (SIGUSR1 120 s before its time limit; SIGTERM on preemption, ``scontrol requeue`` or
+``scancel``) checkpoints at the end of its current training step (or before its next evaluation file) and exits with
+status :data:`STOPPED`. After SIGUSR1 the array script requeues it (same job id, so the aggregation still waits);
+after SIGTERM SLURM decides: a preempted (PreemptMode=REQUEUE) or requeued task comes back, a cancelled one does not.
+A requeued task resumes from the checkpoint. A rerun of
 the same command queues only the runs still unfinished: none → nothing is submitted. While the array of an earlier
 submission (OUT/slurm/jobs.json) is still queued or running, submitting again is refused (its tasks read
 array.tsv, which a new submission would rewrite).
@@ -33,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from regulargpt.cli import non_negative_int
+from regulargpt.cli import non_negative_int, positive_int
 from regulargpt.experiments.formal_sweep import (
     Profile,
     RunSpec,
@@ -70,7 +73,11 @@ def add_slurm_arguments(p: argparse.ArgumentParser) -> None:
     add_array_arguments(g, "the unfinished runs as one job array (GPUs: --device cuda) and a dependent aggregation job")
     g.add_argument("--tables-dir", default="results/formal", help="where the aggregation job writes "
                                                                   "table{1,2}_<profile> (default results/formal)")
+    g.add_argument("--max-array-size", type=positive_int, default=1000,
+                   help="tasks per job array at most (SLURM's MaxArraySize - 1; default 1000): a larger sweep is "
+                        "queued as several arrays, the aggregation after all of them")
     g.add_argument("--array-task", type=non_negative_int, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--array-table", help=argparse.SUPPRESS)
 
 
 def pending(specs: list[RunSpec]) -> list[RunSpec]:
@@ -86,9 +93,10 @@ def _write_table(path: Path, specs: list[RunSpec]) -> None:
     atomic_write_text(path, "\n".join(rows) + "\n")
 
 
-def array_row(out: str | Path, index: int) -> dict[str, str]:
-    """Row `index` of OUT/slurm/array.tsv as {column: value}; a SubmitError naming the file when it is missing."""
-    path = Path(out) / ARRAY_TABLE
+def array_row(table: str | Path, index: int) -> dict[str, str]:
+    """Row `index` of an array's task table (OUT/slurm/array.tsv) as {column: value}; a SubmitError naming the file
+    when it is missing or lacks the row."""
+    path = Path(table)
     if not path.is_file():
         raise SubmitError(f"{path}: no such file; `eval/formal.py sweep … --slurm` writes it")
     with path.open(newline="") as handle:
@@ -120,47 +128,52 @@ def submit_sweep(args: argparse.Namespace, profile_name: str, specs: list[RunSpe
     jobs_file = out / "slurm" / "jobs.json"
     if not args.dry_run and jobs_file.is_file():
         earlier = json.loads(jobs_file.read_text())
-        alive = active_jobs([str(earlier.get("array", ""))])
+        alive = active_jobs([str(job) for job in earlier.get("arrays", [])])
         if alive:
             raise SubmitError(f"{jobs_file}: the array of an earlier submission, job {alive[0]}, is still queued or "
                               f"running; wait for it (squeue -j {alive[0]}) or cancel it (scancel {alive[0]})")
     folder = out / "slurm" / ("dry-run" if args.dry_run else "")
-    table = folder / ARRAY_TABLE.name
-    _write_table(table, todo)
     device = "cuda" if args.gpus_per_task else "cpu"
     profile = str(Path(args.profile).resolve()) if Path(args.profile).suffix else args.profile
     common = ["--profile", profile, "--configs", str(Path(args.configs).resolve())]
     for item in args.set:
         common += ["--set", item]
     env = job_env(args)
-    task_args = ["eval/formal.py", "sweep", "--out", str(out), *common, "--device", device,
-                 "--threads", str(args.cpus_per_task)]
-    array_script = render(TEMPLATES / "array.sbatch", task_args, {**env, "ARRAY_TABLE": str(out / ARRAY_TABLE)})
     tables = str(Path(args.tables_dir).resolve())
     aggregate_script = render(TEMPLATES / "job.sbatch", ["eval/formal.py", "aggregate", "--runs", str(out),
                                                          "--out-dir", tables, *common], env)
-    atomic_write_text(folder / "array.sbatch", array_script)
     atomic_write_text(folder / "aggregate.sbatch", aggregate_script)
-
-    array_opts = array_options(args, f"formal-{profile_name}", len(todo), out / "slurm" / "logs")
-    aggregate_opts = [f"--job-name=formal-{profile_name}-tables", f"--output={out / 'slurm' / 'aggregate-%j.out'}",
-                      *queue_options(args)]
     if not args.dry_run:
         (out / "slurm" / "logs").mkdir(parents=True, exist_ok=True)
     queue = Queue(args.dry_run)
-    array_id = queue.submit(array_opts, array_script, folder / "array.sbatch", [])
-    aggregate_id = queue.submit(aggregate_opts, aggregate_script, folder / "aggregate.sbatch", [array_id],
+    arrays: list[str] = []
+    size = args.max_array_size
+    for k, start in enumerate(range(0, len(todo), size)):  # SLURM's MaxArraySize: 1001 by default
+        chunk, name = todo[start:start + size], ARRAY_TABLE.stem + (f"-{k}" if k else "")
+        _write_table(folder / f"{name}.tsv", chunk)
+        task_args = ["eval/formal.py", "sweep", "--out", str(out), *common, "--device", device,
+                     "--threads", str(args.cpus_per_task), "--array-table", str(out / "slurm" / f"{name}.tsv")]
+        script = render(TEMPLATES / "array.sbatch", task_args, {**env, "ARRAY_TABLE": str(out / "slurm" / f"{name}.tsv")})
+        atomic_write_text(folder / f"{name}.sbatch", script)
+        options = array_options(args, f"formal-{profile_name}", len(chunk), out / "slurm" / "logs")
+        arrays.append(queue.submit(options, script, folder / f"{name}.sbatch", []))
+        if not args.dry_run:
+            print(f"array job {arrays[-1]}: {len(chunk)} task(s) ({device}), their runs in "
+                  f"{out / 'slurm' / name}.tsv, logs {out / 'slurm' / 'logs'}", flush=True)
+    aggregate_opts = [f"--job-name=formal-{profile_name}-tables", f"--output={out / 'slurm' / 'aggregate-%j.out'}",
+                      *queue_options(args)]
+    aggregate_id = queue.submit(aggregate_opts, aggregate_script, folder / "aggregate.sbatch", arrays,
                                 dependency="afterany")
     if args.dry_run:
         atomic_write_text(folder / "sbatch.txt", "\n".join(queue.commands) + "\n")
-        print("\n".join([*queue.commands, f"# {len(todo)} array task(s) ({device}), their runs in {table}; the "
-                         f"tables into {tables}; scripts in {folder}; nothing submitted (--dry-run)"]))
+        print("\n".join([*queue.commands, f"# {len(todo)} array task(s) ({device}) in {len(arrays)} array(s), their "
+                         f"runs in {folder}/array*.tsv; the tables into {tables}; scripts in {folder}; nothing "
+                         f"submitted (--dry-run)"]))
         return 0
-    atomic_write_text(jobs_file, json.dumps({"array": array_id, "aggregate": aggregate_id, "tasks": len(todo),
-                                             "table": str(table)}, indent=1) + "\n")
-    print(f"array job {array_id}: {len(todo)} task(s) ({device}, logs {out / 'slurm' / 'logs'}); aggregation job "
-          f"{aggregate_id} (afterany:{array_id}) → {tables}", flush=True)
-    print("$ " + shlex.join(["squeue", "-j", f"{array_id},{aggregate_id}"]))
+    atomic_write_text(jobs_file, json.dumps({"arrays": arrays, "aggregate": aggregate_id, "tasks": len(todo)},
+                                            indent=1) + "\n")
+    print(f"aggregation job {aggregate_id} (afterany:{':'.join(arrays)}) → {tables}", flush=True)
+    print("$ " + shlex.join(["squeue", "-j", ",".join([*arrays, aggregate_id])]))
     return 0
 
 
@@ -168,12 +181,12 @@ def run_array_task(args: argparse.Namespace, profile: Profile) -> int:
     """One array task: row ``args.array_task`` of OUT/slurm/array.tsv planned again with the sweep's flags, its
     folder set aside if stale, then trained and evaluated until done (0), failed (1) or stopped by a signal
     (:data:`STOPPED`, after its checkpoint)."""
-    row = array_row(args.out, args.array_task)
+    row = array_row(args.array_table or Path(args.out) / ARRAY_TABLE, args.array_task)
     specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=[row["task"]], models=[row["model"]],
                       seeds=[int(row["seed"])], lrs=[float(row["lr"])], sets=args.set)
     spec = specs[0]
     if str(spec.run_dir.resolve()) != row["run_dir"]:
-        raise SubmitError(f"{Path(args.out) / ARRAY_TABLE}: row {args.array_task} names {row['run_dir']}, but the "
+        raise SubmitError(f"{args.array_table}: row {args.array_task} names {row['run_dir']}, but the "
                           f"sweep's flags plan {spec.run_dir.resolve()}; submit the sweep again")
     stop = StopRequest()
     stop.install()
@@ -184,7 +197,7 @@ def run_array_task(args: argparse.Namespace, profile: Profile) -> int:
     print(f"array task {args.array_task}: {spec.name} in {spec.run_dir} on {args.device}", flush=True)
     result = execute_run(spec, args.device, lambda: stop.requested)
     if result["stopped"]:
-        print(f"{spec.name}: stopped ({stop.reason}); the checkpoint is written, the task is requeued", flush=True)
+        print(f"{spec.name}: stopped ({stop.reason}) after its checkpoint; exit status {STOPPED}", flush=True)
         return STOPPED
     if result["error"]:
         print(f"{spec.name}: FAILED {result['error']} (traceback in {spec.run_dir / 'error.txt'})", flush=True)

@@ -10,7 +10,8 @@ Jobs, for each plan in turn (``OUT`` its output folder)::
               OUT/<dataset>/results.jsonl, :func:`~.stages.done`), rows in OUT/slurm/<stage>.tsv; afterok:prepare.
               Task i runs launch/pretrain.py for row i (its log OUT/slurm/logs/<array>_<i>.out names dataset,
               variant and seed), records its timing in OUT/trainings.jsonl, and exits 75 when a signal stopped
-              it before model.pt: launch/slurm/array.sbatch then requeues it and it resumes from its checkpoint
+              it before model.pt (requeued as in eval/formal.py sweep --slurm: after SIGUSR1 by
+              launch/slurm/array.sbatch, after SIGTERM by SLURM when preempted); it resumes from its checkpoint
     score     after each array: eval/extrapolate.py over the plan's finished runs (rows already scored are skipped),
               afterany:<array>:<the previous score job>, so only one job writes a results file at a time
     report    last, afterany:<the last score job>: every plan's README (``--report-only``)
@@ -205,7 +206,7 @@ def run_training_task(plan: Plan, stage: str, index: int) -> int:
                              started_unix)
         return 0
     if signalled:
-        print(f"{dataset}/{variant.name}-seed{seed}: stopped by signal {signalled[0]} before the end; requeue",
+        print(f"{dataset}/{variant.name}-seed{seed}: stopped by signal {signalled[0]} before the end (checkpoint kept)",
               flush=True)
         return STOPPED
     return rc or 1
