@@ -86,7 +86,8 @@ def test_training_selection_and_evaluation_make_every_tensor_on_the_models_devic
     spec.eval_lengths = [3, 41, 44]
     result = execute_run(spec, device="cpu")
     assert result["error"] == "" and not result["stopped"], result
-    assert mode.forwards > 4 and mode.calls == []  # 4 training steps, then tree mode (regular_gpt), the checkpoint rule's fit checks and range evaluation
+    # 4 training steps, then (regular_gpt: in tree mode) the checkpoint rule's fit checks and the range evaluation
+    assert mode.forwards > 4 and mode.calls == []
 
 
 def test_a_stop_request_checkpoints_its_step_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path) -> None:

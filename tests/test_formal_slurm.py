@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # even_pairs x {rnn, lstm} x seeds {0, 1} of the quick profile: seed-major, then the profile's model order
 GRID = ["--profile", "quick", "--tasks", "even_pairs", "--models", "rnn", "lstm", "--seeds", "0", "1",
         "--retrain-recorded"]
-ROWS = [("even_pairs", "rnn", "0"), ("even_pairs", "lstm", "0"), ("even_pairs", "rnn", "1"), ("even_pairs", "lstm", "1")]
+ROWS = [("even_pairs", "rnn", "0"), ("even_pairs", "lstm", "0"), ("even_pairs", "rnn", "1"),
+        ("even_pairs", "lstm", "1")]
 TINY = ["train.steps=600", "train.log_every=10", "train.save_every=50", "eval.samples_per_length=8",
         "eval.max_length=60"]
 

@@ -20,7 +20,8 @@ from regulargpt.slurm import SubmitError
 
 def _plan(tmp_path: Path) -> Plan:
     """A two-stage study: s1 = a seed 0; s2 = a seed 1, b seeds 0 and 1 (4 trainings)."""
-    return Plan(out=tmp_path / "study", datasets=("python-stdlib",), models=(Variant("a", "alibi"), Variant("b", "nope")),
+    return Plan(out=tmp_path / "study", datasets=("python-stdlib",),
+                models=(Variant("a", "alibi"), Variant("b", "nope")),
                 seeds={"python-stdlib": (0, 1)}, steps=5, batch_size=2, multiples=2, eval_tokens=256,
                 data_root=tmp_path / "data",
                 stages=(Stage("s1", "first", (("a", (0,)),)), Stage("s2", "then", (("a", (1,)), ("b", (0, 1))))))

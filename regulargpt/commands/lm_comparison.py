@@ -21,8 +21,8 @@ Examples:
     python eval/lm_comparison.py --study v3 --estimate           # the v3 stages and their estimated CPU hours
     mkdir -p results/lm_cpu_v3 && OMP_NUM_THREADS=1 nohup python eval/lm_comparison.py --study v3 > results/lm_cpu_v3/study.log 2>&1 &
     OMP_NUM_THREADS=1 python eval/lm_comparison.py --study v3 --jobs 2   # two single-threaded trainings at a time
-    python eval/lm_comparison.py --study v3 --slurm --dry-run   # SLURM: the arrays, scoring and report jobs it would queue
-    python eval/lm_comparison.py --study v3 --slurm --array-throttle 8 --partition cpu   # queue them (reruns: the rest)
+    python eval/lm_comparison.py --study v3 --slurm --dry-run   # SLURM: the arrays, scoring and report jobs
+    python eval/lm_comparison.py --study v3 --slurm --array-throttle 8 --partition cpu   # queued (reruns: the rest)
 
 With --slurm nothing trains here: each stage's missing trainings become one job array, each followed by a scoring
 job (chained, afterany), and the README is the last job (regulargpt/experiments/lm_comparison/slurm.py).
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimate", action="store_true",
                    help="print the study's stages with CPU minutes estimated from v2's recorded timings, and exit")
     p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
-    p.add_argument("--data-root", help="prepared datasets folder (default data/lm_cpu), e.g. --data-root /scratch/lm_cpu")
+    p.add_argument("--data-root", help="prepared datasets folder (default data/lm_cpu), e.g. --data-root "
+                                       "/scratch/lm_cpu")
     p.add_argument("--steps", type=positive_int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
     p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
     p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")

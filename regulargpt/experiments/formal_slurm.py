@@ -150,16 +150,17 @@ def submit_sweep(args: argparse.Namespace, profile_name: str, specs: list[RunSpe
     size = args.max_array_size
     for k, start in enumerate(range(0, len(todo), size)):  # SLURM's MaxArraySize: 1001 by default
         chunk, name = todo[start:start + size], ARRAY_TABLE.stem + (f"-{k}" if k else "")
+        table = str(out / "slurm" / f"{name}.tsv")  # where the tasks read it (a dry run writes it under dry-run/)
         _write_table(folder / f"{name}.tsv", chunk)
         task_args = ["eval/formal.py", "sweep", "--out", str(out), *common, "--device", device,
-                     "--threads", str(args.cpus_per_task), "--array-table", str(out / "slurm" / f"{name}.tsv")]
-        script = render(TEMPLATES / "array.sbatch", task_args, {**env, "ARRAY_TABLE": str(out / "slurm" / f"{name}.tsv")})
+                     "--threads", str(args.cpus_per_task), "--array-table", table]
+        script = render(TEMPLATES / "array.sbatch", task_args, {**env, "ARRAY_TABLE": table})
         atomic_write_text(folder / f"{name}.sbatch", script)
         options = array_options(args, f"formal-{profile_name}", len(chunk), out / "slurm" / "logs")
         arrays.append(queue.submit(options, script, folder / f"{name}.sbatch", []))
         if not args.dry_run:
-            print(f"array job {arrays[-1]}: {len(chunk)} task(s) ({device}), their runs in "
-                  f"{out / 'slurm' / name}.tsv, logs {out / 'slurm' / 'logs'}", flush=True)
+            print(f"array job {arrays[-1]}: {len(chunk)} task(s) ({device}), their runs in {table}, logs "
+                  f"{out / 'slurm' / 'logs'}", flush=True)
     aggregate_opts = [f"--job-name=formal-{profile_name}-tables", f"--output={out / 'slurm' / 'aggregate-%j.out'}",
                       *queue_options(args)]
     aggregate_id = queue.submit(aggregate_opts, aggregate_script, folder / "aggregate.sbatch", arrays,

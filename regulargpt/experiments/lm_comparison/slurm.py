@@ -100,7 +100,8 @@ def submit_study(plans: list[Plan], args: argparse.Namespace) -> int:
     for i, plan in enumerate(plans):
         flags = study_args(plan, args, i == 0)
         # a dry run writes everything under the first plan's folder (a follow-up plan's in a subfolder of its name)
-        folder = plans[0].out / "slurm" / "dry-run" / (plan.out.name if i else "") if args.dry_run else plan.out / "slurm"
+        folder = (plans[0].out / "slurm" / "dry-run" / (plan.out.name if i else "") if args.dry_run
+                  else plan.out / "slurm")
 
         def job(name: str, words: list[str], after: list[str], dependency: str, options: list[str]) -> str:
             script = render(TEMPLATES / "job.sbatch", ["eval/lm_comparison.py", *flags, *words], env)
@@ -148,8 +149,9 @@ def submit_study(plans: list[Plan], args: argparse.Namespace) -> int:
     script = render(TEMPLATES / "job.sbatch", ["eval/lm_comparison.py", *study_args(first, args, True),
                                                "--report-only"], env)
     atomic_write_text(folder / "report.sbatch", script)
-    report = queue.submit([f"--job-name=lm-{first.out.name}-report", f"--output={first.out / 'slurm' / 'report-%j.out'}",
-                           f"--time={args.eval_time}", *shared], script, folder / "report.sbatch", last_score,
+    report = queue.submit([f"--job-name=lm-{first.out.name}-report",
+                           f"--output={first.out / 'slurm' / 'report-%j.out'}", f"--time={args.eval_time}", *shared],
+                          script, folder / "report.sbatch", last_score,
                           "afterany")
     if args.dry_run:
         atomic_write_text(folder / "sbatch.txt", "\n".join(queue.commands) + "\n")
