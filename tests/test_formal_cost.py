@@ -58,3 +58,21 @@ def test_estimate_counts_remaining_steps_scales_other_lengths_and_names_unknown_
                         "1 runs); 0.296 s/step at T=80 (scaled from T=40, 1 runs)")
     assert lines[2] == "  rnn: 1 runs with no measured rate (no run folder or record of this model)"
     assert lines[3] == "  by task: parity_check 0.2, dyck_12 0.1"
+
+
+def test_gpu_hours_use_gpu_run_folders_else_the_cpu_rate_times_the_stated_factor(tmp_path: Path) -> None:
+    from regulargpt.experiments.formal_cost import GPU_STEP_FACTOR, gpu_estimate_lines
+
+    _folder(tmp_path, "parity_check/transformer/seed0_lr0.001", 40, [(500, 75.0)])  # CPU: 0.15 s/step
+    gpu_run = _folder(tmp_path, "parity_check/lstm/seed0_lr0.001", 40, [(1000, 8.0)])  # GPU: 0.008 s/step
+    (gpu_run / "sweep.json").write_text(json.dumps({"device": "cuda:0"}))
+    cpu_rates, gpu_rates = measured_rates(tmp_path), measured_rates(tmp_path, device="cuda")
+    assert set(cpu_rates) == {("transformer", 40)} and gpu_rates == {("lstm", 40): Rate(0.008, 1, "run folders")}
+    specs = [_spec(tmp_path, "parity_check", "transformer", s, 2000) for s in (0, 1)]  # 1,500 + 2,000 steps left
+    specs += [_spec(tmp_path, "parity_check", "lstm", 1, 9000), _spec(tmp_path, "parity_check", "rnn", 0, 10)]
+    lines = gpu_estimate_lines(specs, cpu_rates, gpu_rates, factor=0.2)
+    # transformer: 3,500 × 0.15 × 0.2 = 105 s; lstm: 9,000 × 0.008 = 72 s; 177 s = 0.049 h; rnn: no rate, left out
+    assert lines[0].startswith("estimated GPU time (one run per GPU; evaluation not included): 0.05 GPU-hours")
+    assert lines[1] == "  transformer: 2 runs, 0.03 GPU-hours at 0.0300 s/step at T=40 (CPU run folders × 0.2, assumed)"
+    assert lines[2] == "  lstm: 1 runs, 0.02 GPU-hours at 0.0080 s/step at T=40 (GPU run folders)"
+    assert len(lines) == 3 and GPU_STEP_FACTOR == 0.25

@@ -13,6 +13,10 @@ Subcommands (each resumable; rerun the same command to continue)::
     python eval/formal.py sweep --profile quick --out results/formal/runs
     python eval/formal.py sweep --profile paper --tasks parity_check --models regular_gpt_c2 --seeds 0 1 --lrs 3e-4
 
+    # the same on SLURM: one job array over the unfinished runs (a GPU each), then the tables (--dry-run: the
+    # scripts and sbatch commands only); rerun to queue what is still missing
+    python eval/formal.py sweep --profile paper --out results/formal/runs --slurm --gpus-per-task 1 --dry-run
+
     # results/formal/table1_<profile>.md/.json and table2_<profile>.md/.json from the finished runs; runs whose
     # folders are not under --runs are carried from the run records of the table being replaced (--fresh: not)
     python eval/formal.py aggregate --runs results/formal/runs --profile quick
@@ -58,6 +62,8 @@ from regulargpt.evaluation.formal_scoring import (
     range_evaluate,
     range_score,
 )
+from regulargpt.experiments import formal_slurm
+from regulargpt.experiments.formal_cost import GPU_STEP_FACTOR
 from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
 from regulargpt.experiments.formal_tables import write_tables
 from regulargpt.run_directory.layout import MODEL_FILE
@@ -113,7 +119,11 @@ def _table_json(flag: str, given: str | None, default: Path) -> Path | None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.dry_run and not args.slurm:
+        raise ConfigError("--dry-run: only with --slurm (a local sweep has nothing to submit; --list shows its runs)")
     profile = load_profile(args.profile, args.configs)
+    if args.array_task is not None:  # one task of a job array (launch/slurm/array.sbatch passes --array-task)
+        return formal_slurm.run_array_task(args, profile)
     specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=args.tasks, models=args.models,
                       seeds=args.seeds, lrs=args.lrs, sets=args.set)
     recorded = None if args.retrain_recorded else _table_json(
@@ -136,14 +146,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep {profile.name}: {len(specs)} runs to train or finish under {args.out}: "
               + ", ".join(f"{task} {n}" for task, n in per_task.items()))
         print("\n".join(s.name for s in specs))
-        from regulargpt.experiments.formal_cost import estimate_lines, measured_rates
+        from regulargpt.experiments.formal_cost import estimate_lines, gpu_estimate_lines, measured_rates
         from regulargpt.experiments.formal_records import read_records
 
-        print("\n".join(estimate_lines(specs, measured_rates(args.out, read_records(recorded) if recorded else []))))
+        cpu_rates = measured_rates(args.out, read_records(recorded) if recorded else [])
+        print("\n".join(estimate_lines(specs, cpu_rates)))
+        print("\n".join(gpu_estimate_lines(specs, cpu_rates, measured_rates(args.out, device="cuda"),
+                                            args.gpu_step_factor)))
         return 0
+    if args.slurm:
+        return formal_slurm.submit_sweep(args, profile.name, specs)
     print(f"sweep {profile.name}: {len(specs)} runs under {args.out} ({args.workers} worker(s) x {args.threads} "
-          f"thread(s))", flush=True)
-    results = run_sweep(specs, workers=args.workers, threads=args.threads)
+          f"thread(s), {args.device})", flush=True)
+    results = run_sweep(specs, workers=args.workers, threads=args.threads, device=args.device)
     failed = [r for r in results if r["error"]]
     print(f"done: {len(results) - len(failed)} runs finished now, {len(failed)} failed", flush=True)
     return 1 if failed else 0
@@ -154,7 +169,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runs {args.runs}: no such folder; pass the runs folder of a sweep (`python "
                           f"eval/formal.py sweep --profile {args.profile} --out {args.runs}` makes it)")
     profile = load_profile(args.profile, args.configs)
-    specs = plan_runs(profile, args.runs, configs_dir=args.configs)
+    specs = plan_runs(profile, args.runs, configs_dir=args.configs, sets=args.set)
     keep = None if args.fresh else _table_json("--keep", args.keep, Path(args.out_dir) / f"table1_{profile.name}.json")
     paths = write_tables(args.runs, profile, args.out_dir, specs=specs, keep=keep,
                          command=["python", "eval/formal.py", *sys.argv[1:]])
@@ -227,7 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                                       "results/formal/table1_<profile>.json if it exists)")
     p.add_argument("--retrain-recorded", action="store_true", help="train recorded runs again too")
     p.add_argument("--list", action="store_true", help="print the runs the sweep would train (not yet recorded) and "
-                                                       "their estimated CPU-hours, and stop; nothing is trained")
+                                                       "their estimated CPU- and GPU-hours, and stop; nothing is "
+                                                       "trained")
+    p.add_argument("--gpu-step-factor", type=positive_float, default=GPU_STEP_FACTOR,
+                   help=f"--list: GPU s/step = CPU s/step x this where no GPU run measured it (default "
+                        f"{GPU_STEP_FACTOR:g}, an assumption: regulargpt/experiments/formal_cost.py)")
+    p.add_argument("--device", default="cpu", help="where the runs train and are evaluated: cpu, cuda, cuda:1 "
+                                                   "(default cpu; --slurm: cuda with --gpus-per-task)")
+    formal_slurm.add_slurm_arguments(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("aggregate", help="write results/formal/table{1,2}_<profile>.{md,json}")
@@ -238,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", help="table1 JSON whose run records are carried for runs not under --runs, while the "
                                   "profile plans their recipe (default: OUT_DIR/table1_<profile>.json if it exists)")
     p.add_argument("--fresh", action="store_true", help="carry nothing: tabulate only the runs under --runs")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="the config overrides the sweep ran with (repeatable), so its runs count as planned")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("reproduce", help="retrain one recorded run from its run record and compare the scores")

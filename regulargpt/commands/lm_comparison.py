@@ -21,6 +21,11 @@ Examples:
     python eval/lm_comparison.py --study v3 --estimate           # the v3 stages and their estimated CPU hours
     mkdir -p results/lm_cpu_v3 && OMP_NUM_THREADS=1 nohup python eval/lm_comparison.py --study v3 > results/lm_cpu_v3/study.log 2>&1 &
     OMP_NUM_THREADS=1 python eval/lm_comparison.py --study v3 --jobs 2   # two single-threaded trainings at a time
+    python eval/lm_comparison.py --study v3 --slurm --dry-run   # SLURM: the arrays, scoring and report jobs
+    python eval/lm_comparison.py --study v3 --slurm --array-throttle 8 --partition cpu   # queued (reruns: the rest)
+
+With --slurm nothing trains here: each stage's missing trainings become one job array, each followed by a scoring
+job (chained, afterany), and the README is the last job (regulargpt/experiments/lm_comparison/slurm.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import NoReturn
 
 from regulargpt.cli import positive_float, positive_int, run
 from regulargpt.evaluation.lm_report import console_tables, load_rows
+from regulargpt.experiments.lm_comparison import slurm
 from regulargpt.experiments.lm_comparison import (
     DEMO,
     STUDIES,
@@ -62,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimate", action="store_true",
                    help="print the study's stages with CPU minutes estimated from v2's recorded timings, and exit")
     p.add_argument("--out", help="output folder (default: the study's, or results/demo/lm with --demo)")
+    p.add_argument("--data-root", help="prepared datasets folder (default data/lm_cpu), e.g. --data-root "
+                                       "/scratch/lm_cpu")
     p.add_argument("--steps", type=positive_int, help="training steps per run (default 300; demo 200), e.g. --steps 100")
     p.add_argument("--eval-tokens", type=positive_int, help="tokens scored per length (default 16384; demo 8192)")
     p.add_argument("--memory-gb", type=positive_float, default=4.0, help="evaluation memory budget (default 4)")
@@ -69,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="trainings at a time, started in stage order (default 1; 2 on a 2-core machine with "
                         "OMP_NUM_THREADS=1: each training is single-threaded, each is timed apart)")
+    slurm.add_slurm_arguments(p)
     args = p.parse_args(argv)
+    slurm.check_flags(args)
     first = DEMO if args.demo else STUDIES[args.study]
     if args.out:
         first.out = Path(args.out).resolve()
     plans = [first, *(STUDIES[name] for name in first.then)]  # a staged study's follow-ups keep their own out
     for plan in plans:
+        if args.data_root:
+            plan.data_root = Path(args.data_root).resolve()
         if args.steps:
             plan.steps = args.steps
         if args.eval_tokens:
@@ -82,6 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.estimate:
         print(estimate_table(plans))
         return 0
+    if args.array_task is not None:  # one training of a stage's job array (launch/slurm/array.sbatch)
+        return slurm.run_training_task(first, args.stage, args.array_task)
+    if args.job == "prepare":  # the --slurm jobs' data preparation and scoring, for this plan only
+        prepare_data(first)
+        return 0
+    if args.job == "evaluate":
+        evaluate_all(first, args.memory_gb)
+        return 0
+    if args.slurm:
+        return slurm.submit_study(plans, args)
     command = "python " + " ".join(shlex.quote(a) for a in [rel_path(Path(sys.argv[0])), *(argv or sys.argv[1:])])
     failed: list[str] = []
     for plan in plans:

@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,14 +41,9 @@ from regulargpt.cli import non_negative_int, positive_int, run
 from regulargpt.errors import UserError
 from regulargpt.files import atomic_write_text
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: launch/slurm/ holds the templates
-TEMPLATES = ROOT / "launch" / "slurm"
-MARK = "# @SUBMIT_ARGS@"
+from regulargpt.slurm import ROOT, TEMPLATES, Queue, SubmitError, render  # noqa: F401 (SubmitError: re-exported)
+
 _PREFIX = {"pretrain": "pt", "evaluate": "ev", "compare": "cmp"}  # job names: pt-<dataset>-<config>-seed<seed>
-
-
-class SubmitError(UserError):
-    """A sweep that cannot be submitted as asked (the message names the run or option)."""
 
 
 @dataclass
@@ -72,19 +65,6 @@ class Job:
     @property
     def finished(self) -> bool:
         return (self.run_dir / "model.pt").is_file()
-
-
-def _render(template: Path, args: list[str], env: dict[str, str]) -> str:
-    """The template with `set -- ARGS` and exports at the marker line (after the #SBATCH header)."""
-    text = template.read_text()
-    if MARK not in text:
-        raise SubmitError(f"{template} has no '{MARK}' line")
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines.append("set -- " + " ".join(shlex.quote(a) for a in args))
-    out = []
-    for line in text.splitlines():
-        out.extend(lines if line.startswith(MARK) else [line])
-    return "\n".join(out) + "\n"
 
 
 def plan(args: argparse.Namespace) -> list[Job]:
@@ -158,29 +138,6 @@ def cpu_warning(args: argparse.Namespace) -> str:
             f"ask for at least {2 * args.gpus_per_node}, e.g. --cpus-per-task {8 * args.gpus_per_node}")
 
 
-class Queue:
-    """sbatch, or (dry run) numbered placeholders; every command is also kept in order for sbatch.txt."""
-
-    def __init__(self, dry_run: bool) -> None:
-        self.dry_run, self.commands, self.count = dry_run, [], 0
-
-    def submit(self, options: list[str], script: str, script_path: Path, after: list[str]) -> str:
-        if after:
-            options = [f"--dependency=afterok:{':'.join(after)}", *options]
-        self.commands.append(f"sbatch --parsable {shlex.join(options)} {shlex.quote(str(script_path))}")
-        self.count += 1
-        if self.dry_run:
-            return f"<job {self.count}>"
-        try:
-            proc = subprocess.run(["sbatch", "--parsable", *options], input=script, text=True, capture_output=True,
-                                  cwd=ROOT)
-        except FileNotFoundError:
-            raise SubmitError("sbatch not found: run this on a SLURM login node, or use --dry-run") from None
-        if proc.returncode != 0:
-            raise SubmitError(f"sbatch {' '.join(options)} failed: {proc.stderr.strip()}")
-        return proc.stdout.strip().split(";")[0]
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", required=True, help="config files, e.g. --configs configs/tiny/*.json")
@@ -245,14 +202,14 @@ def main(argv: list[str] | None = None) -> int:
         if job.finished:
             entry["pretrain"] = "finished"
         else:
-            script = _render(TEMPLATES / "pretrain.sbatch", job.train_args, env)
+            script = render(TEMPLATES / "pretrain.sbatch", job.train_args, env)
             path = place(slurm, "pretrain.sbatch", script)
             opts = _sbatch_options(args, f"{job.name}", slurm / "pretrain-%j.out", "pretrain")
             entry["pretrain"] = queue.submit(opts, script, path, [])
             after = [entry["pretrain"]]
             example = example or [queue.commands[-1], script]
         if not args.no_eval:
-            script = _render(TEMPLATES / "evaluate.sbatch", job.eval_args, env)
+            script = render(TEMPLATES / "evaluate.sbatch", job.eval_args, env)
             path = place(slurm, "evaluate.sbatch", script)
             opts = _sbatch_options(args, job.name, slurm / "evaluate-%j.out", "evaluate")
             entry["evaluate"] = queue.submit(opts, script, path, after)
@@ -262,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluations = [e["evaluate"] for e in ids.values() if "evaluate" in e]
     if evaluations:
         compare_args = ["--results", *(str(job.eval_out) for job in jobs), "--out", str(sweep_dir / "comparison")]
-        script = _render(TEMPLATES / "compare.sbatch", compare_args, env)
+        script = render(TEMPLATES / "compare.sbatch", compare_args, env)
         path = (scripts_root or sweep_dir) / "compare.sbatch"
         atomic_write_text(path, script)
         opts = _sbatch_options(args, sweep_dir.name, sweep_dir / "compare-%j.out", "compare")

@@ -133,13 +133,15 @@ def range_evaluate(
 def _graded_at(model: nn.Module, task: Task, length: int, samples: int,
                batch_tokens: int) -> tuple[int, float, int]:
     """(correctly classified strings out of `samples`, their mean cross-entropy in nats, input length) at `length`,
-    on the fixed evaluation strings."""
+    on the fixed evaluation strings (drawn on the CPU, classified on the model's device)."""
+    device = next(model.parameters()).device
     seed = int(np.random.SeedSequence(EVAL_SEED, spawn_key=(length,)).generate_state(1)[0])
     generator = torch.Generator().manual_seed(seed)
     inputs, labels = task.sample(samples, length, generator)  # (N, T'), (N,)
     chunk = max(1, batch_tokens // inputs.shape[1])
     correct, loss = 0, 0.0
     for x, y in zip(inputs.split(chunk), labels.split(chunk)):
+        x, y = x.to(device), y.to(device)
         logits = model(x)  # (n, classes)
         correct += int((logits.argmax(dim=-1) == y).sum())
         loss += float(torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum"))

@@ -14,6 +14,14 @@ is quadratic, so its long-T estimate is low), e.g. D_12 (1..80) from 1..40: × (
 
 Worked example: 3 Transformer runs of 2,000 steps, one folder already at step 500, rate 0.15 s/step →
 (1,500 + 2,000 + 2,000) × 0.15 / 3600 = 0.23 CPU-hours. Evaluation time is not included.
+
+GPU-hours (:func:`gpu_estimate_lines`, one run per GPU as ``sweep --slurm --gpus-per-task 1`` queues them): the
+rate of run folders trained on a GPU (their sweep.json says ``"device": "cuda…"``) where there are some, else the
+CPU rate × :data:`GPU_STEP_FACTOR`. That factor is an assumption, not a measurement: no formal run has been timed on
+a GPU yet. These models are small (d ≤ 256, batch 128, strings of at most 80 symbols), so a step is a few hundred
+small kernels and its time on a GPU is set by launch latency rather than arithmetic; we assume a GPU step costs a
+quarter of a one-thread CPU step. The first GPU sweep replaces the assumption by its measured rates. Example: the
+3 Transformer runs above → 5,500 × 0.15 × 0.25 / 3600 = 0.057 GPU-hours.
 """
 
 from __future__ import annotations
@@ -25,13 +33,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from regulargpt.files import read_json_object, read_jsonl
-from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE
+from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE, SWEEP_FILE
 
 if TYPE_CHECKING:
     from regulargpt.experiments.formal_records import RunRecord
     from regulargpt.experiments.formal_sweep import RunSpec
 
-__all__ = ["Rate", "estimate_lines", "measured_rates", "reached_step"]
+__all__ = ["GPU_STEP_FACTOR", "Rate", "estimate_lines", "gpu_estimate_lines", "measured_rates", "reached_step"]
+
+GPU_STEP_FACTOR = 0.25  # GPU seconds per step / one-thread CPU seconds per step: assumed (module docstring)
 
 _MIN_STEPS = 100  # a folder measured over fewer steps is start-up noise, not a rate
 
@@ -51,19 +61,27 @@ def reached_step(run_dir: Path) -> tuple[int, float]:
     return (int(rows[-1]["step"]), float(rows[-1]["seconds"])) if rows else (0, 0.0)
 
 
-def measured_rates(out_dir: str | Path, records: Iterable[RunRecord] = ()) -> dict[tuple[str, int], Rate]:
-    """(model, data.max_length) → its measured :class:`Rate`: the run folders ``OUT/<task>/<model>/<run>`` first,
-    the records for the pairs no folder covers."""
+def _device(run_dir: Path) -> str:
+    """The device type a sweep run folder trained on (sweep.json's ``device``, e.g. 'cuda:1' → 'cuda'); 'cpu' when
+    it does not say (folders from before the device was recorded)."""
+    sweep = run_dir / SWEEP_FILE
+    return str(read_json_object(sweep).get("device", "cpu")).split(":")[0] if sweep.is_file() else "cpu"
+
+
+def measured_rates(out_dir: str | Path, records: Iterable[RunRecord] = (),
+                   device: str = "cpu") -> dict[tuple[str, int], Rate]:
+    """(model, data.max_length) → its measured :class:`Rate` on `device` ('cpu' or 'cuda'): the run folders
+    ``OUT/<task>/<model>/<run>`` trained there first, then (CPU only) the records for the pairs no folder covers."""
     samples: dict[tuple[str, int], list[float]] = {}
     for metrics in sorted(Path(out_dir).glob(f"*/*/*/{METRICS_FILE}")):
         step, seconds = reached_step(metrics.parent)
         config = metrics.parent / CONFIG_FILE
-        if step >= _MIN_STEPS and seconds > 0 and config.is_file():
+        if step >= _MIN_STEPS and seconds > 0 and config.is_file() and _device(metrics.parent) == device:
             max_length = int(read_json_object(config)["data"]["max_length"])
             samples.setdefault((metrics.parent.parent.name, max_length), []).append(seconds / step)
     rates = {key: Rate(statistics.median(v), len(v), "run folders") for key, v in samples.items()}
     from_records: dict[tuple[str, int], list[float]] = {}
-    for r in records:
+    for r in records if device == "cpu" else ():
         key = (r.model, int(str(r.protocol.get("train_lengths", "1..40")).split("..")[-1]))
         if key not in rates and r.steps and r.train_seconds:
             from_records.setdefault(key, []).append(r.train_seconds / r.steps)
@@ -108,4 +126,30 @@ def estimate_lines(specs: list[RunSpec], rates: dict[tuple[str, int], Rate]) -> 
     if per_task:
         lines.append("  by task: " + ", ".join(f"{task} {h:.1f}" for task, h in
                                                 sorted(per_task.items(), key=lambda item: -item[1])))
+    return lines
+
+
+def gpu_estimate_lines(specs: list[RunSpec], cpu_rates: dict[tuple[str, int], Rate],
+                       gpu_rates: dict[tuple[str, int], Rate], factor: float = GPU_STEP_FACTOR) -> list[str]:
+    """GPU-hours per model and in all: each run's remaining steps × its GPU rate (measured on a GPU, else the CPU
+    rate × `factor`); models with neither are named."""
+    per_model: dict[str, list[float]] = {}
+    sources: dict[str, set[str]] = {}
+    for spec in specs:
+        t = spec.cfg.data.max_length
+        measured, cpu = _rate(gpu_rates, spec.model, t), _rate(cpu_rates, spec.model, t)
+        if measured is None and cpu is None:
+            continue
+        seconds = measured.seconds if measured else cpu.seconds * factor
+        remaining = max(0, spec.cfg.train.steps - reached_step(spec.run_dir)[0])
+        entry = per_model.setdefault(spec.model, [0, 0.0])
+        entry[0], entry[1] = entry[0] + 1, entry[1] + remaining * seconds / 3600
+        sources.setdefault(spec.model, set()).add(
+            f"{seconds:.4f} s/step at T={t} (" + (f"GPU {measured.source}" if measured else
+                                                   f"CPU {cpu.source} × {factor:g}, assumed") + ")")
+    total = sum(h for _, h in per_model.values())
+    lines = [f"estimated GPU time (one run per GPU; evaluation not included): {total:.2f} GPU-hours (GPU rate = "
+             f"measured on a GPU, else CPU s/step × {factor:g}: formal_cost.GPU_STEP_FACTOR, an assumption)"]
+    lines += [f"  {model}: {int(n)} runs, {hours:.2f} GPU-hours at " + "; ".join(sorted(sources[model]))
+              for model, (n, hours) in per_model.items()]
     return lines

@@ -30,12 +30,14 @@ import copy
 import ctypes
 import dataclasses
 import fnmatch
+import functools
 import json
 import os
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,7 @@ __all__ = [
     "plan_runs",
     "recipe_id",
     "run_sweep",
+    "stale_recipe",
 ]
 
 _CONFIG_SECTIONS = ("model", "data", "train", "eval", "logging")
@@ -265,16 +268,22 @@ def eval_files(spec: RunSpec) -> dict[Path, Task]:
 STALE_MARK = ".stale-"  # a set-aside run folder: <run>.stale-<recipe id>
 
 
+def stale_recipe(spec: RunSpec) -> str | None:
+    """The recipe id a run folder was trained with when it is not the one `spec` plans; None when the folder has no
+    saved config or its recipe is current."""
+    saved = saved_config(spec.run_dir, ConfigError, read=formal_config_from_saved)
+    if saved is None or recipe_id(saved) == spec.recipe:
+        return None
+    return recipe_id(saved)
+
+
 def set_aside_stale(spec: RunSpec) -> Path | None:
     """Rename ``spec.run_dir`` to ``<name>.stale-<recipe>`` when its saved config was trained with another recipe
     than `spec` plans (``.stale-<recipe>-1``, ``-2`` if taken) → the new path; None when there is no saved config or
     the recipe is current. E.g. a profile's Tomita 5 steps raised from 2,100 to 6,600: every Tomita 5 run folder is set
     aside and retrained."""
-    saved = saved_config(spec.run_dir, ConfigError, read=formal_config_from_saved)
-    if saved is None:
-        return None
-    old = recipe_id(saved)
-    if old == spec.recipe:
+    old = stale_recipe(spec)
+    if old is None:
         return None
     base = spec.run_dir.with_name(f"{spec.run_dir.name}{STALE_MARK}{old}")
     target, n = base, 1
@@ -291,27 +300,35 @@ def is_finished(spec: RunSpec) -> bool:
     return all(not missing_lengths(path, spec.eval_lengths, samples) for path in eval_files(spec))
 
 
-def execute_run(spec: RunSpec) -> dict[str, Any]:
-    """Train (or resume) and range-evaluate one run → a summary row; an exception is caught and reported."""
+def execute_run(spec: RunSpec, device: str = "cpu", stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Train (or resume) and range-evaluate one run on `device` → a summary row; an exception is caught and
+    reported. `stop` is asked after every training step and before every evaluation file: once it answers True the
+    run checkpoints and the row says ``"stopped": True`` (a rerun resumes it)."""
     start = time.perf_counter()
+    stopped = {"run": spec.name, "score": float("nan"), "seconds": 0.0, "error": "", "stopped": True}
     try:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(spec.run_dir / SWEEP_FILE, json.dumps({
             "profile": spec.profile, "task_id": spec.task_id, "model": spec.model, "seed": spec.seed, "lr": spec.lr,
             "eval_lengths": spec.eval_lengths, "samples_per_length": spec.cfg.eval.samples_per_length,
-            "table2_p_one": spec.table2_p_one,
+            "table2_p_one": spec.table2_p_one, "device": str(device),
         }, indent=1) + "\n")
-        model_path = train_formal(spec.cfg, spec.run_dir)
+        model_path = train_formal(spec.cfg, spec.run_dir, device=device, stop=stop)
+        if model_path is None:
+            return {**stopped, "seconds": time.perf_counter() - start}
         _, model, _ = load_model_file(model_path)
+        model.to(device)
         for path, task in eval_files(spec).items():
+            if stop is not None and stop():
+                return {**stopped, "seconds": time.perf_counter() - start}
             range_evaluate(model, task, spec.eval_lengths, spec.cfg.eval.samples_per_length, path, progress=False)
         ev = spec.cfg.eval
         score = range_score(read_rows(spec.run_dir / RANGE_FILE), ev.score_min_length, ev.max_length)
-        return {"run": spec.name, "score": score, "seconds": time.perf_counter() - start, "error": ""}
+        return {"run": spec.name, "score": score, "seconds": time.perf_counter() - start, "error": "", "stopped": False}
     except Exception as err:  # one broken run must not stop a long sweep; it is reported and retried next time
         atomic_write_text(spec.run_dir / "error.txt", traceback.format_exc())
         return {"run": spec.name, "score": float("nan"), "seconds": time.perf_counter() - start,
-                "error": f"{type(err).__name__}: {err}"}
+                "error": f"{type(err).__name__}: {err}", "stopped": False}
 
 
 def _worker_init(threads: int, parent_pid: int | None = None) -> None:
@@ -327,9 +344,9 @@ def _worker_init(threads: int, parent_pid: int | None = None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_sweep(specs: list[RunSpec], *, workers: int = 1, threads: int = 1) -> list[dict[str, Any]]:
-    """Run every unfinished spec (``workers`` processes of ``threads`` torch threads); one log line per run. Stale
-    run folders (another recipe) are set aside first and their runs trained again."""
+def run_sweep(specs: list[RunSpec], *, workers: int = 1, threads: int = 1, device: str = "cpu") -> list[dict[str, Any]]:
+    """Run every unfinished spec (``workers`` processes of ``threads`` torch threads, models on `device`); one log
+    line per run. Stale run folders (another recipe) are set aside first and their runs trained again."""
     for spec in specs:
         aside = set_aside_stale(spec)
         if aside is not None:
@@ -347,12 +364,12 @@ def run_sweep(specs: list[RunSpec], *, workers: int = 1, threads: int = 1) -> li
     if workers <= 1:
         _worker_init(threads)
         for spec in todo:
-            report(execute_run(spec))
+            report(execute_run(spec, device))
     else:
         import multiprocessing
 
         with multiprocessing.get_context("spawn").Pool(workers, _worker_init, (threads, os.getpid())) as pool:
-            for result in pool.imap_unordered(execute_run, todo):
+            for result in pool.imap_unordered(functools.partial(execute_run, device=device), todo):
                 report(result)
     bar.close()
     return results

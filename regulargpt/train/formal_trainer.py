@@ -28,6 +28,14 @@ dropped, and the continued run is identical to an uninterrupted one (same batche
 A ``ckpt.pt`` that cannot be read (truncated, overwritten) is renamed ``ckpt.pt.corrupt`` and the run resumes from
 ``ckpt.prev.pt``, with a warning naming both. A run whose ``model.pt`` exists is finished and is not trained again.
 
+Devices: the model and its optimizer live on `device` (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the strings are drawn on
+the CPU from the seeded generator and moved there, so a seed sees the same data on every device. With CUDA the
+device's RNG is seeded from stream 2 as well and kept in the checkpoint (dropout on the GPU resumes identically).
+
+Stopping: with ``stop`` (e.g. a :class:`regulargpt.train.stopping.StopRequest`'s ``requested``), the loop asks it
+after every step; once it answers True the step is checkpointed and training returns None without ``model.pt``,
+as `stop_at` does. A SLURM array task resumes from that checkpoint when it is requeued.
+
 A step whose loss or global gradient norm is not finite is skipped (no optimizer update) with a warning; more than
 ``train.max_bad_steps`` of them stop the run with a TrainError, leaving the last checkpoint as it was.
 """
@@ -146,6 +154,16 @@ def formal_task(cfg: FormalConfig) -> Task:
     return task
 
 
+def _seeded_cuda_rng(device: torch.device, seed: int) -> torch.Tensor | None:
+    """The RNG state of a CUDA `device` seeded with `seed` (this device's global RNG is left as it was); None
+    elsewhere."""
+    if device.type != "cuda":
+        return None
+    with torch.random.fork_rng(devices=[device]):
+        torch.cuda.manual_seed(seed)
+        return torch.cuda.get_rng_state(device)
+
+
 def _prepare_run_dir(cfg: FormalConfig, run_dir: Path) -> None:
     """Compare the run's saved config with `cfg` (a difference outside ``logging`` is a ConfigError naming the keys),
     then record `cfg` as the run's config. A run saved before FormalConfig existed is read without its LM-only keys.
@@ -176,6 +194,8 @@ def train_formal(
     task_factory: Callable[[FormalConfig], Task] = formal_task,
     solve_check: SolveCheck | None = None,
     stop_at: int | None = None,
+    device: str | torch.device = "cpu",
+    stop: Callable[[], bool] | None = None,
 ) -> Path | None:
     """Train `cfg` in `run_dir` (resuming from ``ckpt.pt`` if present) and return the path of ``model.pt``.
 
@@ -185,6 +205,9 @@ def train_formal(
 
     With `solve_check`, the held-out score is logged to ``time_to_solve.jsonl`` every ``solve_check.every`` steps and
     model.pt's meta records ``solved_step`` / ``solved_seconds`` (the first check >= the threshold; None if none).
+
+    `device`: where the model trains (module docstring); `stop`: asked after every step, True → checkpoint and
+    return None (a preempted SLURM task).
 
     `task_factory` builds the task from the config (tests pass a wrapper to simulate a crash mid-run).
     """
@@ -198,13 +221,16 @@ def train_formal(
         return model_path
 
     tc = cfg.train
+    device = torch.device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_stream(tc.seed, _INIT_STREAM))
-        model = build_model(cfg.model)
+        model = build_model(cfg.model)  # initialised on the CPU: the same weights on every device
+    model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps,
                                  weight_decay=tc.weight_decay)
     data_gen = torch.Generator().manual_seed(seed_stream(tc.seed, _DATA_STREAM))
     torch_rng = torch.Generator().manual_seed(seed_stream(tc.seed, _TORCH_STREAM)).get_state()
+    cuda_rng = _seeded_cuda_rng(device, seed_stream(tc.seed, _TORCH_STREAM))
     step, seconds, cpu_seconds, bad_steps = 0, 0.0, 0.0, 0
     kept = KeptModel(cfg, task) if cfg.eval.select_last > 1 else None  # None: the last model is kept
     state = load_ckpt(run_dir, _CKPT_KEYS)
@@ -219,6 +245,8 @@ def train_formal(
         torch_rng = state["torch_rng"]
         step, seconds, bad_steps = state["step"], state["seconds"], state["bad_steps"]
         cpu_seconds = state.get("cpu_seconds", 0.0)
+        if cuda_rng is not None and state.get("cuda_rng") is not None:
+            cuda_rng = state["cuda_rng"]
         if kept is not None:
             kept.load_state(state.get("kept"), str(run_dir / CKPT_FILE))
     truncate_after(run_dir / SOLVE_FILE, step)
@@ -229,7 +257,8 @@ def train_formal(
         save_ckpt(run_dir, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": raw_config,
                                "data_rng": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
                                "step": step, "seconds": seconds, "cpu_seconds": cpu_seconds,
-                               "bad_steps": bad_steps, "kept": kept and kept.state()})
+                               "bad_steps": bad_steps, "kept": kept and kept.state(),
+                               "cuda_rng": torch.cuda.get_rng_state(device) if cuda_rng is not None else None})
 
     raw_config = config_to_dict(cfg)  # in every checkpoint, should config.resolved.json be lost
     model.train()
@@ -237,12 +266,16 @@ def train_formal(
     end = tc.steps if stop_at is None else min(stop_at, tc.steps)
     bar = tqdm(total=end, initial=min(step, end), desc=f"{cfg.data.task}/{cfg.model.architecture}",
                disable=not cfg.logging.progress, dynamic_ncols=True, unit="step")
-    with torch.random.fork_rng(devices=[]), open_for_append(run_dir / METRICS_FILE, step) as metrics:
+    forked = [device] if cuda_rng is not None else []
+    with torch.random.fork_rng(devices=forked), open_for_append(run_dir / METRICS_FILE, step) as metrics:
         torch.set_rng_state(torch_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
         while step < end:
             start, cpu_start = time.perf_counter(), time.process_time()
             length = cfg.data.min_length + int(torch.randint(lengths, (1,), generator=data_gen))
-            inputs, labels = task.sample(tc.batch_size, length, data_gen)  # (B, T), (B,)
+            inputs, labels = task.sample(tc.batch_size, length, data_gen)  # (B, T), (B,) on the CPU
+            inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             logits = model(inputs)  # (B, num_classes)
             loss = F.cross_entropy(logits, labels)
             optimizer.zero_grad(set_to_none=True)
@@ -285,8 +318,12 @@ def train_formal(
                               f"at step {step} after {seconds:.1f} s of training")
             if kept is not None:
                 kept.observe(step, model)
-            if (tc.save_every and step % tc.save_every == 0) or step == end:
+            stopping = stop is not None and step < end and stop()
+            if (tc.save_every and step % tc.save_every == 0) or step == end or stopping:
                 checkpoint()
+            if stopping:
+                bar.write(f"stop requested: checkpoint at step {step} of {tc.steps} written in {run_dir}")
+                break
     bar.close()
     if step < tc.steps:
         return None
