@@ -57,6 +57,8 @@ def test_the_four_answers_from_hand_built_rows(tmp_path: Path) -> None:
     # (a) rg_c16 vs ALiBi-4: +5% and +10% → mean +7.5%, within 10%; vs ALiBi-8: 105/90 − 1 = +16.7%, 110/88 − 1 = +25%
     assert "**rg_c16**: vs alibi yes: +7.5% (n=2, seeds +5.0 … +10.0%); vs alibi_l8 no: +20.8% (n=2, seeds +16.7 … " \
            "+25.0%)" in text
+    # ALiBi-8 vs ALiBi-4: 90/100 − 1 = −10%, 88/100 − 1 = −12% → −11.0%
+    assert "**alibi_l8 vs alibi** at 1×: -11.0% (n=2, seeds -12.0 … -10.0%)" in text
     # rg_c64: +30% and +26% → +28.0%
     assert "**rg_c64**: vs alibi no: +28.0% (n=2, seeds +26.0 … +30.0%)" in text
     # (b) adaptive: 104/105 = 0.990, 112.2/110 = 1.020 → mean 1.005, not flat; train: 0.990 and 0.990 → flat

@@ -50,6 +50,11 @@ def _answer_a(table: dict[tuple[str, str], Summary], t: int) -> list[str]:
     for rg in _RG:
         lines.append(f"- **{rg}**: vs {params} {_within(_mean_gap(table, (rg, 'adaptive'), (params, 'adaptive'), t))}"
                      f"; vs {compute} {_within(_mean_gap(table, (rg, 'adaptive'), (compute, 'adaptive'), t))}.")
+    deeper = _mean_gap(table, (compute, "adaptive"), (params, "adaptive"), t)
+    if deeper:
+        lines.append(f"- **{compute} vs {params}** at 1×: {deeper.mean:+.1f}% ({deeper.spread}): what 8 layers buy "
+                     "the baseline at this budget (> 0: the deeper model is behind, so \"equal layer applications\" "
+                     "is the weaker reference here).")
     return lines
 
 
