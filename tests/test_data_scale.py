@@ -261,3 +261,16 @@ def test_sigkill_mid_preparation_keeps_the_old_folder_leaves_no_workers_and_resu
         expected = [t for d, c in zip(kept, codes) if c == code for t in tok.encode(d) + [tok.eos_id]]
         assert stream == expected, split
     assert m["source"]["documents"] == len(kept) and not list(out.glob(".work-*"))
+
+
+def test_evaluation_defaults_to_a_token_budget_and_says_what_it_scores() -> None:
+    from regulargpt.config.sections import EvalConfig
+    from regulargpt.evaluation.length_sweep import _estimate
+    from regulargpt.evaluation.perplexity import plan_tokens
+
+    assert EvalConfig().tokens == 2_097_152
+    counts = plan_tokens(300_000_000, [512, 1024, 16384], EvalConfig().tokens)  # a large test split: the budget
+    assert counts == {512: 2_097_152, 1024: 2_097_152, 16384: 2_097_152}
+    line = _estimate(["a", "b"], [512, 1024, 16384], counts, 300_000_000, 2_097_152)
+    assert line.startswith("scoring 12,582,912 tokens: 2 run(s) × 3 length(s) × up to 2,097,152 tokens")
+    assert "the whole split" in _estimate(["a"], [512], {512: 1024}, 1025, 0)
