@@ -104,6 +104,9 @@ def test_tokenizer_sample_is_the_smallest_keys_within_the_budget_in_any_order() 
         for i in order:
             sample.add(int(i), docs[int(i)])
         assert [i for i, _ in sample.texts()] == expected
+    capped = TokenizerSample(budget, seed=3)
+    capped.add(0, "z" * 10_000)  # more than budget / 16 = 2,500 bytes: its first 2,500 only
+    assert [len(t) for _, t in capped.texts()] == [2_500]
     other = TokenizerSample(budget, seed=4)
     for i, d in enumerate(docs):
         other.add(i, d)
@@ -116,8 +119,9 @@ def test_sampled_tokenizer_is_reproducible_and_recorded(tmp_path: Path) -> None:
     b = prepare("python-stdlib", tmp_path / "b", vocab_size=400, max_bytes=300_000, sample_bytes=60_000,
                 num_proc=2, log=_quiet)
     assert (tmp_path / "a/tokenizer.model").read_bytes() == (tmp_path / "b/tokenizer.model").read_bytes()
-    sample = a["tokenizer"]["sample"]
-    assert 30_000 < sample["bytes"] <= 60_000 and sample["budget"] == 60_000 and sample == b["tokenizer"]["sample"]
+    sample, again = a["tokenizer"]["sample"], b["tokenizer"]["sample"]
+    assert 30_000 < sample["bytes"] <= 60_000 and sample["budget"] == 60_000
+    assert {**sample, "seconds": 0} == {**again, "seconds": 0}
     assert sample["documents"] < sample["train_documents"] == a["splits"]["train"]["documents"]
 
 

@@ -5,8 +5,8 @@ with keys below a cutoff k*: k* is the smallest key whose document does not fit,
 run of documents in key order whose UTF-8 sizes sum to at most `budget` bytes (the smallest key ever evicted is k*,
 whatever the arrival order), kept in key order.
 It depends only on the documents' contents and the seed: not on the file order, and not on the corpus' other
-documents beyond their keys. A document larger than the whole budget contributes its first `budget` characters.
-Memory: at most `budget` bytes of text plus one document.
+documents beyond their keys. A document contributes at most its first budget / 16 bytes (so that one 80 MB file
+cannot be the whole sample). Memory: at most `budget` bytes of text plus one document.
 
 Example (keys are fixed by the content, so the same three documents in any order give the same sample):
 
@@ -39,8 +39,8 @@ class TokenizerSample:
     def add(self, index: int, text: str) -> None:
         """Offer document `index`; it stays if its key is among the smallest that fit the budget."""
         data = text.encode("utf-8")
-        if len(data) > self.budget:
-            text = data[:self.budget].decode("utf-8", errors="ignore")
+        if len(data) > max(1, self.budget // 16):
+            text = data[:max(1, self.budget // 16)].decode("utf-8", errors="ignore")
             data = text.encode("utf-8")
         key = self.key(text)
         if key >= self.cutoff:
