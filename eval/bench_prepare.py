@@ -163,9 +163,19 @@ def main() -> None:
                    help="instead: floor and encode-only prepare.py alternately (twice) on the first MB of the first "
                         "size's corpus, with the tokenizer of its data folder; and the encode phase's peak RSS over "
                         "its first 120 s on every size's corpus")
+    p.add_argument("--peak-within", type=float, metavar="SECONDS",
+                   help="instead: peak RSS (summed) of prepare.py training a tokenizer and encoding, over its first "
+                        "SECONDS, on every size's corpus (its run is then stopped)")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.peak_within:
+        print(f"| corpus | peak RSS (summed), first {args.peak_within:.0f} s (sample, tokenizer, encoding) |\n|---|---|")
+        for size in args.sizes:
+            res = run_prepare(["--source", str(work / f"corpus_{size}.jsonl"), "--out", str(work / f"peak_{size}"),
+                               "--force"], seconds=args.peak_within)
+            print(f"| {size} MB | {res['peak_rss'] / 1e9:.2f} GB |", flush=True)
+        return
     if args.same_conditions:
         same_conditions(work, args.sizes, args.same_conditions)
         return
