@@ -6,6 +6,9 @@ Examples:
     python data_prep/prepare.py --source debian-prose --out data/prose --max-bytes 2000000
     python data_prep/prepare.py --source 'corpus/*.jsonl' --text-field content --out data/mine
     python data_prep/prepare.py --source notes/ --out data/notes --tokenizer data/stdlib/tokenizer.model
+    python data_prep/prepare.py --source python-stdlib --out data/stdlib --tokenizer data/stdlib/tokenizer.model --force
+
+A killed preparation resumes where it stopped when the same command is run again.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from regulargpt.cli import run  # noqa: E402
 from regulargpt.data import prepare  # noqa: E402
 from regulargpt.data.sources import KNOWN_SOURCES  # noqa: E402
+from regulargpt.data.tokenizer_sample import DEFAULT_SAMPLE_BYTES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-proc", type=int, help="tokenising processes (default: all cores)")
     p.add_argument("--cache-dir",
                    help="Debian download cache (default $REGULARGPT_CACHE, else ~/.cache/regulargpt/debian)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip (and count in the manifest) rows with a missing/null/non-string text field, malformed "
+                        "JSON, non-UTF-8 or binary files, instead of stopping at the first one")
+    p.add_argument("--tokenizer-sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
+                   help=f"train the tokenizer on a reproducible sample of this many bytes of train text "
+                        f"(default {DEFAULT_SAMPLE_BYTES:,}; memory grows with it, not with the corpus)")
     p.add_argument("--force", action="store_true",
                    help="rebuild even if the folder is up to date, and replace its tokenizer when these options "
                         "train or name another one (refused without it: folders and runs built with the old one "
@@ -50,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare(args.source, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer, max_bytes=args.max_bytes,
             seed=args.seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
             text_field=args.text_field, num_proc=args.num_proc, cache_dir=args.cache_dir, force=args.force,
-            command=command)
+            skip_bad_rows=args.skip_bad_rows, sample_bytes=args.tokenizer_sample_bytes, command=command)
     return 0
 
 

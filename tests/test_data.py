@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import errno
 import os
 import subprocess
 import time
@@ -16,6 +17,7 @@ from helpers import fake_data_folder
 import regulargpt.data.sampler as sampler_mod
 import regulargpt.data.shards as shards
 import regulargpt.data.sources as sources
+import regulargpt.data.split_writer as split_writer
 import regulargpt.data.tokenizer as tokenizer_mod
 from regulargpt.data import (
     DataError,
@@ -27,7 +29,7 @@ from regulargpt.data import (
     prepare,
 )
 from regulargpt.data.shards import assign_splits
-from regulargpt.files import atomic_open, sha256_file
+from regulargpt.files import DiskFullError, atomic_open, explain_disk_full, sha256_file
 
 PY_SNIPPET = 'def f(x, y=2):\n\tif x  >  10_000:  # tab, two spaces\n        return "é ∑ 日本"\n\n\n    return y   \n'
 PROSE = "The quick brown fox jumps over the lazy dog.  Two spaces here;\n\n  indented line, ünïcode, 3.14159!\n"
@@ -205,25 +207,26 @@ def test_atomic_write_keeps_previous_file_on_crash(tmp_path: Path) -> None:
     assert target.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["x.bin"]
 
 
-def test_prepare_crash_mid_write_leaves_files_intact(txt_corpus: tuple[Path, list[str]], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_crash_mid_write_leaves_the_old_folder_whole(txt_corpus: tuple[Path, list[str]], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while a rebuild appends tokens: one line naming the file, and the old folder (manifest included)
+    is untouched, with no work folder left behind."""
     folder, _ = txt_corpus
     out = tmp_path / "d"
     prepare(str(folder), out, vocab_size=400, num_proc=1, log=_quiet)
-    before = {p.name: p.read_bytes() for p in out.glob("*.bin")}
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_write = split_writer.SplitWriter.append
 
-    def half_then_crash(f, batches, bar):  # writes half of the first batch, then dies
-        arr = next(batches)
-        f.write(arr[: len(arr) // 2].tobytes())
-        raise OSError("disk full (simulated)")
+    def half_then_full(self, codes, ntokens, nchars, data):  # writes half of the first batch, then the disk is full
+        real_write(self, codes[:1], ntokens[:1], nchars[:1], [d[: len(d) // 2] for d in data])
+        with explain_disk_full(self.work / "train.bin", "the split file", 1000):
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shards, "_write_tokens", half_then_crash)
-    with pytest.raises(OSError, match="simulated"):
+    monkeypatch.setattr(split_writer.SplitWriter, "append", half_then_full)
+    with pytest.raises(DiskFullError, match=r"no space left on .* while writing the split file .*train.bin: 0.0 MB"):
         prepare(str(folder), out, vocab_size=400, seed=5, num_proc=1, log=_quiet, force=True)
-    assert {p.name: p.read_bytes() for p in out.glob("*.bin")} == before
-    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp")) and not list(out.glob(".work-*"))
-    with pytest.raises(DataError, match="has no manifest.json"):  # never a stale manifest over mixed files
-        load_manifest(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert load_manifest(out)["options"]["seed"] == 0
 
 
 # --------------------------------------------------------------------------------------------- reading errors

@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                         "eval.stride), e.g. --stride 32")
     p.add_argument("--tokens", type=non_negative_int, default=None,
                    help="tokens scored per length (0 = as many as the split holds, rounded to whole windows of every "
-                        "length; default: the run's eval.tokens), e.g. --tokens 65536")
+                        "length; default: the run's eval.tokens, 2,097,152 unless its config sets it), "
+                        "e.g. --tokens 65536")
     p.add_argument("--memory-gb", type=positive_float, default=None,
                    help="activation memory budget; sets the batch size, and a length whose single window needs more "
                         "gets a skipped row (default: the run's eval.memory_gb), e.g. --memory-gb 16")

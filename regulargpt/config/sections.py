@@ -261,7 +261,7 @@ class EvalConfig(_Section):
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
     protocol: Literal["nonoverlapping", "sliding"] = "nonoverlapping"
     stride: int = 0  # sliding protocol: 0 means half the window length (L/2)
-    tokens: int = 0  # tokens scored per length; 0 = as many as the split holds at the longest length
+    tokens: int = 1 << 21  # tokens scored per length (2,097,152, KERPLE-like eval-iters budget); 0 = the whole split
     memory_gb: float = 4.0  # evaluation batch size is chosen to stay under this
 
     section: ClassVar[str] = "eval"

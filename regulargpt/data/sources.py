@@ -1,4 +1,4 @@
-"""Where documents come from: source specs → resolved input files → a `datasets.Dataset` of documents.
+"""Where documents come from: source specs → resolved, ordered input files (read by regulargpt/data/documents.py).
 
 A *source spec* is one string (the `--source` of `data_prep/prepare.py`):
 
@@ -33,12 +33,9 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from regulargpt.errors import UserError
-
-if TYPE_CHECKING:
-    import datasets
 
 
 SourceKind = Literal["text", "json", "parquet", "hf"]
@@ -76,7 +73,7 @@ DEBIAN_SOURCES: dict[str, tuple[DebianPart, ...]] = {
 
 @dataclass(frozen=True)
 class Source:
-    """A resolved source: the `datasets` builder to use and the ordered input files (empty for `hf:`)."""
+    """A resolved source: its kind (how its files are read) and the ordered input files (empty for `hf:`)."""
 
     spec: str
     kind: SourceKind
@@ -271,50 +268,3 @@ def fetch_debian_package(part: DebianPart, cache_dir: Path) -> Path:
         os.rename(work, home)
         work.mkdir()  # TemporaryDirectory cleans up the (now empty) original name
     return home / "tree"
-
-
-def _load_raw(source: Source, text_field: str, cache_dir: Path) -> datasets.Dataset:
-    import datasets
-
-    files = [str(f) for f in source.files]
-    if source.kind == "text":
-        return datasets.load_dataset("text", data_files=files, sample_by="document", split="train",
-                                     encoding_errors="replace", cache_dir=str(cache_dir))
-    if source.kind == "hf":
-        try:
-            ds = datasets.load_dataset(source.hf_name, source.hf_config, split="train", cache_dir=str(cache_dir))
-        except Exception as e:  # offline, unknown name, gated, ...: datasets raises many types
-            raise DataError(f"source {source.spec!r}: could not load the 'train' split of hub dataset "
-                            f"{source.hf_name!r} (config {source.hf_config!r}): {type(e).__name__}: {e}. "
-                            f"hf: sources need access to the Hugging Face hub; use local files otherwise") from e
-    else:
-        ds = datasets.load_dataset(source.kind, data_files=files, split="train", cache_dir=str(cache_dir))
-    if text_field not in ds.column_names:
-        raise DataError(f"source {source.spec!r} has no text field {text_field!r}; its columns are "
-                        f"{ds.column_names} (pass --text-field NAME)")
-    feature = ds.features[text_field]
-    if not isinstance(feature, datasets.Value) or feature.dtype not in ("string", "large_string"):
-        raise DataError(f"source {source.spec!r}: field {text_field!r} has type {feature}, expected strings")
-    ds = ds.select_columns([text_field])
-    return ds.rename_column(text_field, "text") if text_field != "text" else ds
-
-
-def _sizes(batch: dict[str, list]) -> dict[str, list[int]]:
-    texts = [t or "" for t in batch["text"]]
-    return {"nbytes": [len(t.encode("utf-8")) for t in texts], "nchars": [len(t) for t in texts]}
-
-
-def load_documents(source: Source, *, text_field: str = "text", max_bytes: int | None = None,
-                   cache_dir: str | Path) -> datasets.Dataset:
-    """Load a resolved source as a Dataset with columns `text`, `nbytes`, `nchars` (empty documents dropped,
-    then `select_within(nbytes, max_bytes)` kept). `cache_dir` holds `datasets`' Arrow files.
-
-    Example:
-
-        ds = load_documents(resolve_source("python-stdlib", max_bytes=50_000), cache_dir="/tmp/x")
-        ds.column_names  # ['text', 'nbytes', 'nchars']
-    """
-    ds = _load_raw(source, text_field, Path(cache_dir))
-    ds = ds.map(_sizes, batched=True, desc="measuring documents")
-    keep = select_within(ds["nbytes"], max_bytes)
-    return ds if len(keep) == len(ds) else ds.select(keep)

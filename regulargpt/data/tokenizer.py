@@ -120,24 +120,28 @@ class Tokenizer:
 def training_sentences(texts: Iterable[str], max_chars: int = TRAIN_CHUNK_CHARS) -> Iterator[str]:
     """Cut documents into runs of whole lines of at most `max_chars` characters (longer lines are cut hard).
 
-    Newlines stay inside the sentences so that pieces like "):\\n▁▁▁▁" can be learned.
+    Newlines stay inside the sentences so that pieces like "):\\n▁▁▁▁" can be learned. Linear in the text's length:
+    every character is copied once, whatever the line lengths (a 20 MB line is 10,240 slices of 2,048 characters).
 
     Example:
         >>> list(training_sentences(["a\\nbb\\nccc\\n"], max_chars=5))
         ['a\\nbb\\n', 'ccc\\n']
+        >>> list(training_sentences(["abcdefg\\nh"], max_chars=3))
+        ['abc', 'def', 'g\\nh']
     """
     for text in texts:
-        buf = ""
-        for line in text.splitlines(keepends=True):
-            if len(buf) + len(line) > max_chars and buf:
-                yield buf
-                buf = ""
-            while len(line) > max_chars:
-                yield line[:max_chars]
-                line = line[max_chars:]
-            buf += line
-        if buf:
-            yield buf
+        start = pos = 0  # the pending sentence is text[start:pos], whole lines (or a line's tail) of <= max_chars
+        while pos < len(text):
+            end = text.find("\n", pos) + 1 or len(text)  # the next line is text[pos:end]
+            if end - start > max_chars and pos > start:
+                yield text[start:pos]
+                start = pos
+            while end - start > max_chars:  # a line longer than max_chars: cut hard
+                yield text[start:start + max_chars]
+                start += max_chars
+            pos = end
+        if pos > start:
+            yield text[start:pos]
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, *, num_threads: int | None = None,

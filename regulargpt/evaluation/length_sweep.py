@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,7 +158,10 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
     rows: list[dict[str, Any]] = []
     already = 0
     replaced: dict[str, int] = {}  # why rows of other data are rescored → how many
-    bar = tqdm(total=len(runs) * len(lengths), desc="(run, length)", disable=rank != 0 or not progress)
+    if rank == 0 and progress:
+        print(_estimate(runs, lengths, counts, len(data), tokens), file=sys.stderr, flush=True)
+    bar = tqdm(total=len(runs) * sum(counts.values()), desc="tokens scored", unit="tok", unit_scale=True,
+               disable=rank != 0 or not progress)  # updated within each (run, length) row: rate and ETA
     for run in runs:
         info: RunInfo | None = None
         depth, weights = scored[str(run)]
@@ -166,20 +169,21 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
             key = (str(run).rstrip("/"), depth, dataset, split, length, protocol, stride_of[length], counts[length])
             if is_done(done.get(key), memory_gb, weights, data.fingerprint):
                 already += 1
-                bar.update()
+                bar.update(counts[length])
                 continue
             old = done.get(key) or before_tokens.get(key[:-1])
             if old is not None and old.get("split_fingerprint") != data.fingerprint:
                 why = _other_data(old.get("split_fingerprint"), data.fingerprint)
                 replaced[why] = replaced.get(why, 0) + 1
             info = info or load_run(run, device, depth_policy)
+            start = bar.n
             row = _evaluate_length(info, data, dataset, split, length, protocol, stride_of[length], counts[length],
-                                   memory_gb, batch_size, device, rank, world)
+                                   memory_gb, batch_size, device, rank, world, lambda n: bar.update(n * world))
             if rank == 0:
                 results.append(row)
                 bar.write(_describe(row))
             rows.append(row)
-            bar.update()
+            bar.update(start + counts[length] - bar.n)
         del info
     bar.close()
     if already and rank == 0:
@@ -238,7 +242,7 @@ def sweep_runs(runs: Sequence[str | Path], data_dir: str | Path, split: str, out
 
 def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, length: int, protocol: Protocol,
                      stride: int, n: int, memory_gb: float, batch_size: int, device: torch.device | str, rank: int,
-                     world: int) -> dict[str, Any]:
+                     world: int, progress: Callable[[int], object] | None = None) -> dict[str, Any]:
     cfg = info.cfg.model
     common = {"memory_gb": memory_gb, "world_size": world, "split_fingerprint": data.fingerprint,
               "data_verified": data.verified}
@@ -258,7 +262,7 @@ def _evaluate_length(info: RunInfo, data: TokenSplit, dataset: str, split: str, 
                            f"needs ~{need:.1f} GiB for one window (budget {memory_gb:g} GiB)", "memory", **common)
     batch = min(batch_size, fits) if batch_size else fits
     t0 = time.perf_counter()
-    nll_sum, counts = score_windows(info.model, data.tokens, plan.shard(rank, world), batch, device)
+    nll_sum, counts = score_windows(info.model, data.tokens, plan.shard(rank, world), batch, device, progress)
     nll_sum, counts = all_reduce_sums(nll_sum, counts)
     return result_row(info, dataset, split, plan, protocol, nll_sum, counts, time.perf_counter() - t0,
                       batch_size=batch, **common)
@@ -275,6 +279,16 @@ def _other_data(old: dict[str, Any] | None, now: dict[str, Any]) -> str:
         return f"{sha[:12] + '…' if isinstance(sha, str) else 'no sha256'}, {fp.get('tokens'):,} tokens"
 
     return f"scored other content (split sha256 {show(old)}; now {show(now)})"
+
+
+def _estimate(runs: Sequence[str | Path], lengths: Sequence[int], counts: dict[int, int], available: int,
+              requested: int) -> str:
+    """The line printed before a sweep starts: what it will score, and how to change it."""
+    total = len(runs) * sum(counts.values())
+    budget = (f"eval.tokens / --tokens {requested:,} per length" if requested
+              else "eval.tokens / --tokens 0: the whole split at every length")
+    return (f"scoring {total:,} tokens: {len(runs)} run(s) × {len(lengths)} length(s) × up to {max(counts.values()):,} "
+            f"tokens ({budget}; the split has {available:,}); the bar below shows the rate and the time left")
 
 
 def _describe(row: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ This module plans and scores; `length_sweep` runs the resumable sweep over runs 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -208,10 +208,12 @@ def position_buckets(nll_sum: np.ndarray, counts: np.ndarray) -> list[dict[str, 
 
 @torch.no_grad()
 def score_windows(model: nn.Module, stream: np.ndarray, plan: WindowPlan, batch_size: int,
-                  device: torch.device | str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+                  device: torch.device | str = "cpu",
+                  progress: Callable[[int], object] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Score the plan's windows → (NLL sum per window position (L,) float64, scored tokens per position (L,) int64).
 
-    `model` maps (B, L) token ids to (B, L, V) logits and must be in eval mode.
+    `model` maps (B, L) token ids to (B, L, V) logits and must be in eval mode; `progress(n)` is called with the
+    tokens scored by each batch.
     """
     length = plan.length
     nll_sum = torch.zeros(length, dtype=torch.float64)
@@ -227,6 +229,8 @@ def score_windows(model: nn.Module, stream: np.ndarray, plan: WindowPlan, batch_
         scored = positions[None, :] >= torch.from_numpy(plan.score_from[i:i + batch_size])[:, None]  # (B, L)
         nll_sum += torch.where(scored, nll.double(), 0.0).sum(0)
         counts += scored.sum(0)
+        if progress is not None:
+            progress(int(scored.sum()))
     return nll_sum.numpy(), counts.numpy()
 
 

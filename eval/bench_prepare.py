@@ -1,0 +1,259 @@
+"""Benchmark data_prep/prepare.py at corpus scale against the tokenizer's own speed → results/bench_prepare.md.
+
+For each size (MB of jsonl text built from the UTF-8 text files under /usr/share and /usr/lib/python3*, one file per
+row, the file list repeated with a "# copy k" first line once it is used up):
+
+- **floor**: the tokenizer's own rate on the same text with all cores: a plain multiprocessing loop (one process per
+  core, each loading the model once) of sentencepiece `encode` over the lines of the corpus' first `--floor-mb` MB,
+  read and parsed from the jsonl once (MB of text per second);
+- **prepare**: `python data_prep/prepare.py --source corpus.jsonl --out DIR` (tokenizer trained on the default
+  sample, then encoding), sampled every 0.5 s: RSS summed over the process and its children, bytes in DIR.
+
+Reported: wall, MB/s (text bytes / wall), the encode phase's MB/s and its ratio to the floor, tokens/s, peak RSS
+(summed), peak extra disk (peak bytes in DIR minus the final folder), final folder size.
+
+    python eval/bench_prepare.py --sizes 250 1000 4000 --work /tmp/bench_prepare
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import sentencepiece as spm
+
+ROOT = Path(__file__).resolve().parents[1]
+_SP: list[spm.SentencePieceProcessor] = []
+
+
+def text_files() -> list[Path]:
+    roots = [Path("/usr/share"), *sorted(Path("/usr/lib").glob("python3*"))]
+    return sorted(p for r in roots for p in r.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def build_corpus(path: Path, megabytes: int) -> int:
+    """Write `megabytes` MB of jsonl rows {"text": file content}; returns the text bytes written."""
+    if path.is_file():
+        return json.loads(path.with_suffix(".info").read_text())["text_bytes"]
+    files, target, total, copy = text_files(), megabytes * 1_000_000, 0, 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as out:
+        while total < target:
+            for f in files:
+                try:
+                    data = f.read_bytes()
+                    text = data.decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                if not text.strip() or "\x00" in text:
+                    continue
+                text = (f"# copy {copy}\n" if copy else "") + text
+                out.write(json.dumps({"text": text}) + "\n")
+                total += len(text.encode())
+                if total >= target:
+                    break
+            copy += 1
+    tmp.rename(path)
+    path.with_suffix(".info").write_text(json.dumps({"text_bytes": total, "copies": copy}))
+    return total
+
+
+def _init(model: str) -> None:
+    _SP.append(spm.SentencePieceProcessor(model_file=model))
+
+
+def _encode_lines(lines: list[str]) -> int:
+    return sum(len(x) for x in _SP[0].encode(lines, num_threads=1))
+
+
+def floor_rate(corpus: Path, model: str, megabytes: int) -> dict:
+    """MB/s and tokens/s of a plain Pool(cores) loop of sentencepiece encode over lines (reading included)."""
+    def batches():
+        size, lines = 0, []
+        with open(corpus) as f:
+            for row in f:
+                text = json.loads(row)["text"]
+                lines.extend(text.splitlines(keepends=True))
+                size += len(text.encode())
+                if len(lines) > 20_000:
+                    yield lines
+                    lines = []
+                if size >= megabytes * 1_000_000:
+                    break
+        yield lines
+        stats["bytes"] = size
+
+    stats: dict = {}
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(os.cpu_count(), _init, (model,)) as pool:
+        t_start = time.perf_counter()
+        tokens = sum(pool.imap(_encode_lines, batches()))
+    wall = time.perf_counter() - t_start
+    return {"mb_s": stats["bytes"] / wall / 1e6, "tok_s": tokens / wall, "mb": stats["bytes"] / 1e6,
+            "startup_s": t_start - t0}
+
+
+def folder_bytes(path: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def run_prepare(args: list[str], seconds: float | None = None) -> dict:
+    """Run prepare.py, sampling summed RSS and the output folder's bytes every 0.5 s (stopped after `seconds`)."""
+    out = Path(args[args.index("--out") + 1])
+    proc = subprocess.Popen([sys.executable, str(ROOT / "data_prep/prepare.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    peak = {"rss": 0, "disk": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        parent = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                procs = [parent, *parent.children(recursive=True)]
+                rss = sum(p.memory_info().rss for p in procs if p.is_running())
+            except psutil.Error:
+                rss = 0
+            peak["rss"] = max(peak["rss"], rss)
+            peak["disk"] = max(peak["disk"], folder_bytes(out))
+            done.wait(0.5)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    t0 = time.perf_counter()
+    thread.start()
+    try:
+        log = proc.communicate(timeout=seconds)[0]
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.communicate()
+        done.set()
+        thread.join()
+        return {"wall": time.perf_counter() - t0, "peak_rss": peak["rss"]}
+    wall = time.perf_counter() - t0
+    done.set()
+    thread.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"prepare.py failed ({proc.returncode}):\n{log[-3000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    final = folder_bytes(out)
+    return {"wall": wall, "manifest": manifest, "peak_rss": peak["rss"], "peak_extra": peak["disk"] - final,
+            "final": final}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[250, 1000, 4000], help="corpus sizes in MB")
+    p.add_argument("--work", default="/tmp/bench_prepare")
+    p.add_argument("--floor-mb", type=int, default=60, help="MB of text the floor is measured on")
+    p.add_argument("--out", default=str(ROOT / "results/bench_prepare.md"))
+    p.add_argument("--same-conditions", type=int, metavar="MB",
+                   help="instead: floor and encode-only prepare.py alternately (twice) on the first MB of the first "
+                        "size's corpus, with the tokenizer of its data folder; and the encode phase's peak RSS over "
+                        "its first 120 s on every size's corpus")
+    p.add_argument("--peak-within", type=float, metavar="SECONDS",
+                   help="instead: peak RSS (summed) of prepare.py training a tokenizer and encoding, over its first "
+                        "SECONDS, on every size's corpus (its run is then stopped)")
+    args = p.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.peak_within:
+        print(f"| corpus | peak RSS (summed), first {args.peak_within:.0f} s (sample, tokenizer, encoding) |\n|---|---|")
+        for size in args.sizes:
+            res = run_prepare(["--source", str(work / f"corpus_{size}.jsonl"), "--out", str(work / f"peak_{size}"),
+                               "--force"], seconds=args.peak_within)
+            print(f"| {size} MB | {res['peak_rss'] / 1e9:.2f} GB |", flush=True)
+        return
+    if args.same_conditions:
+        same_conditions(work, args.sizes, args.same_conditions)
+        return
+    rows = []
+    for size in args.sizes:
+        corpus = work / f"corpus_{size}.jsonl"
+        text_bytes = build_corpus(corpus, size)
+        out = work / f"data_{size}"
+        load = os.getloadavg()[0]
+        res = run_prepare(["--source", str(corpus), "--out", str(out), "--force"])
+        m = res["manifest"]
+        floor = floor_rate(corpus, str(out / "tokenizer.model"), args.floor_mb)
+        tokens = sum(s["tokens"] for s in m["splits"].values())
+        enc_s = m["stats"]["seconds"]["tokenise"]
+        rows.append({"size": size, "text_mb": text_bytes / 1e6, "wall": res["wall"], "mb_s": text_bytes / res["wall"] / 1e6,
+                     "enc_mb_s": text_bytes / enc_s / 1e6, "tok_s": tokens / enc_s, "floor_mb_s": floor["mb_s"],
+                     "floor_tok_s": floor["tok_s"], "peak_rss_gb": res["peak_rss"] / 1e9,
+                     "peak_extra_mb": res["peak_extra"] / 1e6, "final_mb": res["final"] / 1e6, "load": load,
+                     "seconds": m["stats"]["seconds"], "sample": m["tokenizer"]["sample"]})
+        print(json.dumps(rows[-1]), flush=True)
+        write_table(Path(args.out), rows)
+
+
+def same_conditions(work: Path, sizes: list[int], megabytes: int) -> None:
+    """Print markdown rows: floor vs encode-only prepare.py back to back; encode-phase RSS per corpus size."""
+    tok = str(work / f"data_{sizes[0]}" / "tokenizer.model")
+    part = work / f"slice_{megabytes}.jsonl"
+    with open(work / f"corpus_{sizes[0]}.jsonl") as src, open(part, "w") as dst:
+        total = 0
+        for row in src:
+            dst.write(row)
+            total += len(json.loads(row)["text"].encode())
+            if total >= megabytes * 1_000_000:
+                break
+    print("| run | load | floor MB/s | prepare.py encode MB/s (wall MB/s) | encode / floor |")
+    print("|---|---|---|---|---|")
+    for k in range(2):
+        floor = floor_rate(part, tok, megabytes + 1)
+        load = os.getloadavg()[0]
+        res = run_prepare(["--source", str(part), "--out", str(work / "slice_out"), "--tokenizer", tok, "--force"])
+        enc = total / res["manifest"]["stats"]["seconds"]["tokenise"] / 1e6
+        print(f"| {k + 1} | {load:.1f} | {floor['mb_s']:.2f} | {enc:.2f} ({total / res['wall'] / 1e6:.2f}) | "
+              f"{enc / floor['mb_s']:.2f}× |", flush=True)
+    print("\n| corpus | encode-phase peak RSS (summed), first 120 s |\n|---|---|")
+    for size in sizes:
+        out = work / f"rss_{size}"
+        res = run_prepare(["--source", str(work / f"corpus_{size}.jsonl"), "--out", str(out), "--tokenizer", tok],
+                          seconds=120)
+        print(f"| {size} MB | {res['peak_rss'] / 1e9:.2f} GB |", flush=True)
+
+
+def write_table(path: Path, rows: list[dict]) -> None:
+    cores = os.cpu_count()
+    lines = [
+        "# prepare.py at corpus scale",
+        "",
+        f"Machine: {cores} cores shared with other jobs (1-min load average at each run's start in the table), "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB. Corpora: jsonl of the UTF-8 text files under /usr/share "
+        f"and /usr/lib/python3* (repeated with a `# copy k` line when used up). Tokenizer: trained by prepare.py "
+        f"(vocab 8000, default sample); floor: a plain Pool({cores}) loop of sentencepiece encode over the lines of "
+        f"the first 60 MB of the same corpus with the same tokenizer, reading included, measured right after.",
+        "",
+        "Command: `python eval/bench_prepare.py --sizes " + " ".join(str(r["size"]) for r in rows) + "`",
+        "",
+        "| corpus | load | wall | MB/s (all phases) | encode MB/s | floor MB/s | encode / floor | tokens/s (encode) "
+        "| peak RSS (summed) | peak extra disk | final folder | seconds: read+sample / tokenizer / encode / finish |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        s = r["seconds"]
+        lines.append(
+            f"| {r['text_mb']:.0f} MB | {r['load']:.1f} | {r['wall']:.0f} s | {r['mb_s']:.2f} | {r['enc_mb_s']:.2f} | "
+            f"{r['floor_mb_s']:.2f} | {r['enc_mb_s'] / r['floor_mb_s']:.2f}× | {r['tok_s'] / 1e6:.2f} M | "
+            f"{r['peak_rss_gb']:.2f} GB | {r['peak_extra_mb']:.0f} MB ({r['peak_extra_mb'] / r['final_mb']:.2f}× "
+            f"the output) | {r['final_mb']:.0f} MB | {s['read']:.0f} / {s['tokenizer']:.0f} / {s['tokenise']:.0f} / "
+            f"{s['write']:.0f} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
