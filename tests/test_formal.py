@@ -645,3 +645,21 @@ def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_r
     with pytest.raises(RangeEvalError, match=r"--check-lengths: length spec 'x-1'"):
         train_cmd.main(["--config", str(config), "--run-dir", str(tmp_path / "bad"), "--time-to-solve",
                         "--check-lengths", "x-1"])
+
+
+def test_solve_line_states_the_first_step_at_the_threshold_or_the_best_score() -> None:
+    """Hand-built check rows: solved at step 40 (the first >= 0.99, not the best at 60); unsolved: the best score
+    and its step; no rows: no check ran."""
+    from regulargpt.commands.train_formal import solve_line
+    from regulargpt.train.formal_trainer import SolveCheck
+
+    check = SolveCheck(every=20, lengths=(41, 64, 87))
+    rows = [{"step": 20, "score": 0.5, "seconds": 1.0}, {"step": 40, "score": 0.991, "seconds": 2.31, "cpu_seconds": 2.04},
+            {"step": 60, "score": 1.0, "seconds": 3.5, "cpu_seconds": 3.0}]
+    assert solve_line(rows, check) == ("time to solve: step 40, 2.3 s of training (2.0 CPU s), check score 0.991 >= "
+                                       "0.99 on lengths 41..87")
+    unsolved = [{"step": 20, "score": 0.5, "seconds": 1.0}, {"step": 40, "score": 0.875, "seconds": 2.0},
+                {"step": 60, "score": 0.75, "seconds": 3.0}]
+    assert solve_line(unsolved, check) == ("not solved: best check score 0.875 at step 40 (< 0.99 on lengths 41..87; "
+                                           "3 checks)")
+    assert solve_line([], check) == "time to solve: no check ran (every 20 steps)"
