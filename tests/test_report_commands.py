@@ -6,6 +6,7 @@ successful parse (a rejected flag exits with status 2 as on the command line).""
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import re
 import shlex
@@ -39,6 +40,9 @@ def script_of(command: str) -> tuple[str, list[str]]:
     return script, words[2:]
 
 
+_load = functools.cache(load_script)  # one module per script for the whole walk
+
+
 class _Parsed(Exception):
     """Raised in place of running the command once its arguments parsed."""
 
@@ -62,7 +66,7 @@ def test_the_reports_command_exists_and_its_flags_parse(report: str, command: st
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     monkeypatch.setattr(sys, "argv", [script, *argv])
-    main = load_script(script).main
+    main = _load(script).main
     with pytest.raises(_Parsed):
         try:
             main(argv) if inspect.signature(main).parameters else main()
