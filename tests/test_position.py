@@ -171,3 +171,12 @@ def test_sinusoidal_table_frequencies_at_dim_6():
     w = [1.0, 10000 ** (-1 / 3), 10000 ** (-2 / 3)]
     want = [math.sin(3 * x) for x in w] + [math.cos(3 * x) for x in w]
     assert table.tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_learned_positions_run_up_to_max_positions_and_refuse_one_more():
+    from regulargpt.model.position import LearnedPositions
+
+    table = LearnedPositions(max_positions=8, dim=4)
+    assert torch.equal(table(8), table.table[:8])  # exactly max_positions: allowed
+    with pytest.raises(ValueError, match="input length 9 exceeds model.max_positions=8"):
+        table(9)
