@@ -6,7 +6,10 @@ Both runs start from the same weights and see the same 8 sequences: the accumula
 (`StepRunner.run` draws micro-batch i from ``sampler.batch(step, i)``), the plain run as one batch of 8. DeepSpeed
 divides each micro-batch loss by grad_accum, so Σ_i ∇(loss_i / 4) = ∇ mean over the 8 sequences, and the two
 updates (AdamW, one step) must agree to float rounding. The line reports the largest weight difference, the
-largest update (a scale for it) and both step losses. Run by tests/test_grad_accum.py (one process: one
+largest update (a scale for it), both step losses and both gradient norms; the accumulated run's validation loss
+next to F.cross_entropy of its val batch computed here; and a step whose loss is made NaN
+(REGULARGPT_INJECT_NAN=loss@1): whether it was skipped, whether any weight moved, and how far the LR schedule
+advanced (1: lr stays a function of the step count). Run by tests/test_grad_accum.py (one process: one
 ``deepspeed`` import for every stage).
 """
 
@@ -27,11 +30,11 @@ class FixedSampler:
     def __init__(self, data: torch.Tensor, per_step: int) -> None:
         self.data, self.per_step = data, per_step
 
-    def batch(self, step: int, micro: int) -> torch.Tensor:
+    def batch(self, step: int, micro: int = 0) -> torch.Tensor:
         return self.data[micro * self.per_step:(micro + 1) * self.per_step].clone()
 
 
-def one_step(stage: int, accum: int, data: torch.Tensor) -> tuple[dict[str, torch.Tensor], float]:
+def one_step(stage: int, accum: int, data: torch.Tensor, nan: bool = False) -> dict:
     from regulargpt.config import load_config
     from regulargpt.model import build_model
     from regulargpt.train.engine import build_engine
@@ -49,11 +52,22 @@ def one_step(stage: int, accum: int, data: torch.Tensor) -> tuple[dict[str, torc
     model = build_model(cfg.model)
     engine, scheduler, _, optimizer = build_engine(cfg, model, world_size=1)
     sampler = FixedSampler(data, per_step)
+    if nan:
+        os.environ["REGULARGPT_INJECT_NAN"] = "loss@1"
     steps = StepRunner(cfg, engine, optimizer, scheduler, sampler, sampler, 0, 1, dist)
+    os.environ.pop("REGULARGPT_INJECT_NAN", None)
+    epoch = scheduler.last_epoch
     loss, skipped, *_ = steps.run(0, StopRequest())
-    assert not skipped
-    weights = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
-    return weights, float(loss)
+    out = {"weights": {name: p.detach().clone() for name, p in engine.module.named_parameters()},
+           "loss": float(loss), "skipped": bool(skipped), "lr_steps": scheduler.last_epoch - epoch,
+           "grad_norm": None if steps.grad_norm is None else float(steps.grad_norm)}
+    if not nan:
+        out["val"] = steps.validate()
+        with torch.no_grad():
+            batch = data[:per_step]
+            out["val_expected"] = float(torch.nn.functional.cross_entropy(
+                engine.module(batch[:, :-1]).flatten(0, 1).float(), batch[:, 1:].flatten()))
+    return out
 
 
 def main(stages: list[int]) -> None:
@@ -71,12 +85,17 @@ def main(stages: list[int]) -> None:
     for stage in stages:
         torch.manual_seed(0)
         initial = {n: p.detach().clone() for n, p in _initial_model().named_parameters()}
-        accumulated, loss_a = one_step(stage, ACCUM, data)
-        whole, loss_w = one_step(stage, 1, data)
-        diff = max((accumulated[n] - whole[n]).abs().max().item() for n in whole)
-        update = max((whole[n] - initial[n]).abs().max().item() for n in whole)
-        print(json.dumps({"stage": stage, "max_diff": diff, "max_update": update, "loss_accum": loss_a,
-                          "loss_whole": loss_w}), flush=True)
+        accumulated, whole = one_step(stage, ACCUM, data), one_step(stage, 1, data)
+        poisoned = one_step(stage, ACCUM, data, nan=True)
+        a, w = accumulated["weights"], whole["weights"]
+        print(json.dumps({
+            "stage": stage, "max_diff": max((a[n] - w[n]).abs().max().item() for n in w),
+            "max_update": max((w[n] - initial[n]).abs().max().item() for n in w),
+            "loss_accum": accumulated["loss"], "loss_whole": whole["loss"],
+            "grad_norm_accum": accumulated["grad_norm"], "grad_norm_whole": whole["grad_norm"],
+            "val": accumulated["val"], "val_expected": accumulated["val_expected"],
+            "nan_skipped": poisoned["skipped"], "nan_lr_steps": poisoned["lr_steps"],
+            "nan_moved": max((poisoned["weights"][n] - initial[n]).abs().max().item() for n in w)}), flush=True)
 
 
 def _initial_model() -> torch.nn.Module:

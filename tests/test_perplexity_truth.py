@@ -119,3 +119,21 @@ def test_sweep_default_stride_and_score_at_each_length(data: Path, tmp_path: Pat
                     for t in range(1, tokens + 1))
         assert row["windows"] == len(starts)
         assert row["nll"] == pytest.approx(total / tokens, rel=1e-6)
+
+
+@pytest.mark.parametrize("fields,want", [
+    # per token (d = 16, ffn 2, V = 61): 16·(2·2 + 8) + 3·61 = 375 values; 4 B × 375 × L 32 × B 3 = 144,000 bytes
+    ({"position": "none"}, 144_000 + 4_000),  # fused kernel: no score block; + 4 B × 1,000 weights
+    # an additive bias: one query row 12·B·H·L = 2,304 B, all L rows 73,728 (under the budget) + bias 4·H·L² = 8,192
+    ({"position": "alibi"}, 144_000 + 73_728 + 8_192 + 4_000),
+    ({"position": "alibi", "window": 8}, 4 * (375 + 3 * 2 * 16) * 32 * 3 + 4_000),  # band: 3·H·2W per token
+    ({"architecture": "regular_gpt", "position": "none", "chunk_size": 4}, 4 * (375 + 4 * 2 * 4) * 32 * 3 + 4_000),
+])
+def test_memory_estimate_by_hand(fields: dict, want: int) -> None:
+    from regulargpt.evaluation.perplexity import estimate_memory
+
+    base = {"vocab_size": VOCAB, "d_model": 16, "n_heads": 2, "ffn_mult": 2, "architecture": "transformer"}
+    assert estimate_memory(ModelConfig(**{**base, **fields}), length=32, batch=3, params=1000) == want
+    if fields == {"position": "alibi"}:  # L = 512 under a 1 MiB budget: score rows and bias blocks capped at 1 MiB each
+        capped = ModelConfig(**{**base, **fields, "attention_memory_mb": 1})
+        assert estimate_memory(capped, length=512, batch=3, params=1000) == 4 * 375 * 512 * 3 + 2 * 2**20 + 4_000
