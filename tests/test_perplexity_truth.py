@@ -40,6 +40,9 @@ def test_plan_tokens_rounds_to_whole_windows_of_every_length() -> None:
     assert plan_tokens(101, [4, 6]) == {4: 96, 6: 96}  # 100 targets, lcm 12 → 96
     assert plan_tokens(101, [4, 6], requested=50) == {4: 48, 6: 48}
     assert plan_tokens(30, [4, 7]) == {4: 28, 7: 28}  # lcm 28
+    # n tokens hold n − 1 targets: a window of L needs L + 1 tokens
+    assert plan_tokens(65, [64]) == {64: 64} and plan_tokens(64, [64]) == {64: 0}
+    assert plan_tokens(12, [4, 6]) == {4: 4, 6: 6}  # 11 targets < lcm 12: N = ⌊11/6⌋·6 = 6, ⌊6/L⌋·L each
 
 
 class _TableModel(nn.Module):
