@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -123,22 +124,29 @@ _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
 
 def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, str, float]:
-    """Run `tests` in `tree` with -x → ("killed" | "survived", the first failing test or why, seconds)."""
+    """Run `tests` in `tree` with -x → ("killed" | "survived", the first failing test or why, seconds). The pytest
+    process (and anything it started) is ended if this process is interrupted or the run times out."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE", "-m", MARKERS,
            *tests]
     t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        stdout, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         return "killed", f"timeout after {timeout:g} s", time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     seconds = time.perf_counter() - t0
-    if done.returncode == 0:
+    if proc.returncode == 0:
         return "survived", "", seconds
-    if done.returncode == 5:
+    if proc.returncode == 5:
         raise MutantError(f"no tests collected by {' '.join(tests)}")
-    found = _FAILED.search(done.stdout)
-    return "killed", found.group(1) if found else f"pytest exit {done.returncode}", seconds
+    found = _FAILED.search(stdout)
+    return "killed", found.group(1) if found else f"pytest exit {proc.returncode}", seconds
 
 
 @dataclass
@@ -178,14 +186,14 @@ def _cell(text: str) -> str:
     return "`" + text.strip().replace("|", "\\|").replace("`", "'") + "`"
 
 
-def report(outcomes: list[Outcome], command: str, full: bool) -> str:
+def report(outcomes: list[Outcome], prov: dict[str, str], full: bool) -> str:
     """The markdown report: header, kill rate (equivalent mutants left out of the denominator), one row each."""
     counts = {s: sum(o.status == s for o in outcomes) for s in ("killed", "survived", "equivalent", "stale")}
     live = counts["killed"] + counts["survived"]
     rate = f"{counts['killed']}/{live} = {100 * counts['killed'] / live:.1f}%" if live else "n/a"
     scope = ("its module's tests, the wider related tests, then the whole non-slow suite for mutants they miss"
              if full else "its module's tests, then the wider related tests for mutants they miss")
-    lines = report_head("Mutation check: one-line bugs against the fast suite", provenance(command))
+    lines = report_head("Mutation check: one-line bugs against the fast suite", prov)
     lines += [f"{len(outcomes)} mutants (eval/mutants.json), each run against {scope} (`-x -m \"{MARKERS}\"`, one "
               f"process, OMP_NUM_THREADS=1). Killed {rate} of the non-equivalent mutants; "
               f"{counts['equivalent']} equivalent (cannot change any result: reason in the row), "
@@ -232,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.index:3d} {m.file}: {m.kind}: {m.find!r} → {m.replace!r}")
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that run_tests ends its pytest on `kill`
+    command = "python eval/mutation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    prov = provenance(command.strip())  # the commit of the tree copied next, not whatever HEAD is at the end
     tree = args.workdir / "tree"
     copy_tree(tree)
     outcomes = []
@@ -239,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         o = check(m, tree, args.full, args.timeout)
         print(f"{m.index:3d} {o.status:10s} {o.seconds:6.0f}s {m.file}:{o.line} {o.by[:100]}", flush=True)
         outcomes.append(o)
-    command = "python eval/mutation.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(outcomes, command.strip(), args.full)
+    text = report(outcomes, prov, args.full)
     if args.out:
         atomic_write_text(args.out, text)
     else:

@@ -43,6 +43,8 @@ def test_report_counts_and_kill_rate() -> None:
     m = [tool.Mutant(i, "regulargpt/tasks/x.py", "off-by-one", "a", "b") for i in range(4)]
     outcomes = [tool.Outcome(m[0], 5, "killed", "tests/t.py::a", 1.0), tool.Outcome(m[1], 6, "killed", "timeout", 2.0),
                 tool.Outcome(m[2], 7, "survived", "", 3.0), tool.Outcome(m[3], 8, "equivalent", "same table", 4.0)]
-    text = tool.report(outcomes, "python eval/mutation.py", full=False)
+    prov = {"command": "python eval/mutation.py", "commit": "abc", "machine": "m", "date": "d"}
+    text = tool.report(outcomes, prov, full=False)
+    assert text.startswith("# Mutation check") and "- Git commit: `abc`" in text
     assert "Killed 2/3 = 66.7% of the non-equivalent mutants; 1 equivalent" in text and "1 survived" in text
     assert "| 2 | tasks/x.py:7 | off-by-one | `a` → `b` | survived |  | 3 |" in text
