@@ -323,3 +323,36 @@ def test_receptive_field_cli_end_to_end_formal_and_lm(tmp_path: Path) -> None:
         summary = json.loads((out / "receptive_field.json").read_text())
         assert summary["length"] == length and summary["sequences"] == 6
         assert (out / "receptive_field.png").stat().st_size > 0
+
+
+def test_state_clusters_of_an_identity_stack_are_the_kept_tokens() -> None:
+    """Zero output projection and FFN output: every layer is the identity, so the state kept at position p is the
+    embedding of token p. Then k-means finds exactly the 3 token embeddings (k* = 3, silhouette 1), and purity
+    against the span transitions is a count written here: step l keeps p = 2^(l+1)·i + 2^(l+1) − 1, whose span
+    is the 2^(l+1) tokens ending at p, labelled Σ(a − 1) mod 5 (cycle navigation)."""
+    from collections import Counter
+
+    from regulargpt.evaluation.state_clusters import cluster_depth_steps
+
+    cfg = ModelConfig(architecture="regular_gpt", head="classifier", vocab_size=3, num_classes=5, d_model=16,
+                      n_heads=2, chunk_size=2, thickness=1)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for sub in model.stack.sublayers:
+            sub.layer.out.weight.zero_()
+            sub.layer.ffn_out.weight.zero_()
+            sub.layer.ffn_out.bias.zero_()
+    tokens = torch.randint(0, 3, (12, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        steps = cluster_depth_steps(model, "cycle_navigation", tokens, k_max=5)
+    for level in (0, 1):
+        summary = steps[level][0]
+        width = 2 ** (level + 1)
+        kept = [(b, p) for b in range(12) for p in range(width - 1, 16, width)]
+        assert summary.kept_positions == 16 // width and summary.distinct_states == 3
+        assert summary.k_best == 3 and summary.silhouettes[3] == pytest.approx(1.0)
+        pairs = Counter((int(tokens[b, p]), int((tokens[b, p - width + 1:p + 1] - 1).sum()) % 5) for b, p in kept)
+        best_label = {t: max(n for (tok, _), n in pairs.items() if tok == t) for t in range(3)}
+        best_token = {y: max(n for (_, lab), n in pairs.items() if lab == y) for y in {lab for _, lab in pairs}}
+        assert summary.purity == pytest.approx(sum(best_label.values()) / len(kept))
+        assert summary.inverse_purity == pytest.approx(sum(best_token.values()) / len(kept))

@@ -349,3 +349,14 @@ def test_source_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("module", [sources, tokenizer_mod, shards, sampler_mod])
 def test_docstring_examples(module: object) -> None:
     assert doctest.testmod(module).failed == 0  # type: ignore[arg-type]
+
+
+def test_window_sampler_refuses_another_world_size_and_a_token_at_the_vocab_size(tmp_path: Path) -> None:
+    split = open_split(_arange_folder(tmp_path, 10), "train")  # tokens 0..9
+    state = WindowSampler(split, seq_len=4, micro_batch_size=2, seed=1, world_size=2).settings()
+    with pytest.raises(DataError, match="resume mismatch: .*world_size=2, this run has world_size=4"):
+        WindowSampler(split, seq_len=4, micro_batch_size=2, seed=1, world_size=4).check_resume(state)
+    edge = WindowSampler(split, seq_len=9, micro_batch_size=1, seed=0, vocab_size=9)  # the one window holds id 9
+    with pytest.raises(DataError, match="token id 9 at position 9 is >= vocab_size 9"):
+        edge.batch(0)
+    assert WindowSampler(split, seq_len=9, micro_batch_size=1, seed=0, vocab_size=10).batch(0).tolist() == [list(range(10))]

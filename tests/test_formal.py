@@ -645,3 +645,57 @@ def test_a_fit_check_on_training_lengths_chooses_steps_and_a_held_out_check_is_r
     with pytest.raises(RangeEvalError, match=r"--check-lengths: length spec 'x-1'"):
         train_cmd.main(["--config", str(config), "--run-dir", str(tmp_path / "bad"), "--time-to-solve",
                         "--check-lengths", "x-1"])
+
+
+def test_solve_line_states_the_first_step_at_the_threshold_or_the_best_score() -> None:
+    """Hand-built check rows: solved at step 40 (the first >= 0.99, not the best at 60); unsolved: the best score
+    and its step; no rows: no check ran."""
+    from regulargpt.commands.train_formal import solve_line
+    from regulargpt.train.formal_trainer import SolveCheck
+
+    check = SolveCheck(every=20, lengths=(41, 64, 87))
+    rows = [{"step": 20, "score": 0.5, "seconds": 1.0}, {"step": 40, "score": 0.991, "seconds": 2.31, "cpu_seconds": 2.04},
+            {"step": 60, "score": 1.0, "seconds": 3.5, "cpu_seconds": 3.0}]
+    assert solve_line(rows, check) == ("time to solve: step 40, 2.3 s of training (2.0 CPU s), check score 0.991 >= "
+                                       "0.99 on lengths 41..87")
+    unsolved = [{"step": 20, "score": 0.5, "seconds": 1.0}, {"step": 40, "score": 0.875, "seconds": 2.0},
+                {"step": 60, "score": 0.75, "seconds": 3.0}]
+    assert solve_line(unsolved, check) == ("not solved: best check score 0.875 at step 40 (< 0.99 on lengths 41..87; "
+                                           "3 checks)")
+    assert solve_line([], check) == "time to solve: no check ran (every 20 steps)"
+
+
+def test_time_to_solve_writes_raw_records_and_rewrites_the_report_from_them(tmp_path: Path, monkeypatch) -> None:
+    """Training faked (a run's check rows and solve step written by hand): --out X.md writes X.json, and
+    --records X.json rewrites the same table with nothing trained; the rows read what the records say."""
+    from regulargpt.commands import formal_pilot_commands as pilots
+    from regulargpt.commands.formal_suite import main as formal_main
+    from regulargpt.train import formal_trainer
+
+    solved = {0: (300, 12.34, 10.0), 1: None}
+
+    def fake_train(cfg, run_dir, solve_check):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        scores = [0.6, 0.995, 1.0] if solved[cfg.train.seed] else [0.5, 0.75, 0.875]
+        (run_dir / "time_to_solve.jsonl").write_text(
+            "".join(json.dumps({"step": 100 * (i + 1), "score": s, "seconds": 1.0}) + "\n" for i, s in enumerate(scores)))
+        return run_dir / "model.pt"
+
+    def fake_load(path):
+        seed = int(path.parent.name.split("seed")[1].split("_")[0])
+        meta = {} if solved[seed] is None else dict(zip(("solved_step", "solved_seconds", "solved_cpu_seconds"),
+                                                        solved[seed]))
+        return None, None, meta
+
+    monkeypatch.setattr(formal_trainer, "train_formal", fake_train)
+    monkeypatch.setattr(pilots, "load_model_file", fake_load)
+    out = tmp_path / "tts.md"
+    assert formal_main(["time-to-solve", "--tasks", "parity_check", "--seeds", "0", "1", "--runs", str(tmp_path / "r"),
+                        "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| parity_check | 0 | 300 | 12.3 | 10.0 | 1.000 |" in text
+    assert "| parity_check | 1 | not solved | — | — | 0.875 |" in text
+    again = tmp_path / "again.md"
+    assert formal_main(["time-to-solve", "--records", str(out.with_suffix(".json")), "--out", str(again)]) == 0
+    table = lambda t: t.split("Runs in")[1].split("Raw records")[0].strip()  # noqa: E731 (after the stamp)
+    assert table(again.read_text()) == table(text)

@@ -11,6 +11,7 @@ from helpers import tiny_raw
 from regulargpt.commands.formal_suite import main as formal_main
 from regulargpt.config import ConfigError, FormalConfig, load_config_dict, save_config
 from regulargpt.evaluation.formal_by_depth import by_depth_markdown, depth_profile
+from regulargpt.data.sources import DataError
 from regulargpt.evaluation.formal_scoring import RangeEvalError
 
 
@@ -82,3 +83,25 @@ def test_by_depth_command_prints_and_writes_the_report(tmp_path: Path, capsys: p
     assert text.startswith("# Accuracy by adaptive depth\n\n- Command: `python eval/formal.py") and "Git commit" in text
     assert "| 3 | 1.000 | 1.000 | 0.250* | 4 | – |" in text  # no length in 7..8
     assert "0.250*" in capsys.readouterr().out
+
+
+def test_the_report_is_regenerated_from_its_raw_records_alone(tmp_path: Path) -> None:
+    """`--out X.md` writes X.json (the per-length accuracies); `--records X.json` rewrites the same tables with the
+    run folder gone; a file without records is one clear error."""
+    import shutil
+
+    run = _run(tmp_path / "runs", {1: 1.0, 6: 1.0, 9: 0.25})
+    out = tmp_path / "by_depth.md"
+    assert formal_main(["by-depth", "--runs", str(run), "--out", str(out)]) == 0
+    record = json.loads(out.with_suffix(".json").read_text())["records"][0]
+    assert record["rows"] == [[1, 1, 1.0], [6, 6, 1.0], [9, 9, 0.25]] and record["chunk_size"] == 2
+    assert f"--records {out.with_suffix('.json')}" in out.read_text()
+    shutil.rmtree(tmp_path / "runs")
+    again = tmp_path / "again.md"
+    assert formal_main(["by-depth", "--records", str(out.with_suffix(".json")), "--out", str(again)]) == 0
+    table = lambda text: text.split("\n\n", 2)[2].split("Raw records")[0].strip()  # noqa: E731 (after the stamp)
+    assert table(again.read_text()) == table(out.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"records": []}')
+    with pytest.raises(DataError, match="bad.json: expected"):
+        formal_main(["by-depth", "--records", str(bad)])

@@ -54,21 +54,24 @@ def test_v3_rows_train_with_their_own_steps_layers_and_window() -> None:
         study.parameter_counts(bad)
 
 
-def test_the_estimate_prices_rows_from_v2s_recorded_cpu_seconds() -> None:
-    """v2's README records ALiBi at 166 CPU s per 1.2M-token run; a 12-layer ALiBi costs that × the FLOP ratio,
-    3·[n·(2·12d² + 4d·32.5) + 2dV] at d = 128, V = 2048, T = 64; 3.6M tokens cost 3× the 1.2M run."""
-    cpu = recorded_cpu(study.V2.out / "README.md")
-    assert cpu["alibi"] == 166 and cpu["regular_gpt"] == 410 and len(cpu) == 13
+def test_the_estimate_prices_rows_from_the_recorded_cpu_seconds() -> None:
+    """v2-t256's committed trainings.jsonl records ALiBi (T = 256, 1.2M tokens) at 163.2 CPU s; a 12-layer ALiBi
+    at T = 64 costs that × the FLOP ratio 3·[n·(2·12d² + 2d·(T + 1)) + 2dV] at d = 128, V = 2048; 3.6M tokens
+    cost 3× the 1.2M run."""
+    records = [json.loads(line) for line in (study.V2_T256.out / "trainings.jsonl").read_text().splitlines()]
+    assert [r["cpu_seconds"] for r in records if r["run"].endswith("/alibi-seed0")] == [163.2]
+    assert recorded_cpu(study.V2_T256)["alibi"] == 163.2
     d, v = 128, 2048
 
-    def flops(n: int) -> float:
-        return 3 * (n * (2 * 12 * d * d + 4 * d * 32.5) + 2 * d * v)
+    def flops(n: int, t: int) -> float:
+        return 3 * (n * (2 * 12 * d * d + 2 * d * (t + 1)) + 2 * d * v)
 
     plan = dataclasses.replace(study.V3, stages=(
         study.Stage("a", "", (("alibi_l12", (0,)),)), study.Stage("b", "", (("alibi_s3600", (0, 1)),))))
-    a, b = stage_costs(plan)
-    assert a.train_s == pytest.approx(166 * flops(12) / flops(4), rel=1e-6)
-    assert b.train_s == pytest.approx(2 * 3 * 166, rel=1e-6) and b.runs == 2 and not b.unpriced
+    a, b = stage_costs(plan, (study.V2_T256,))
+    assert a.train_s == pytest.approx(163.2 * flops(12, 64) / flops(4, 256), rel=1e-6)
+    assert b.train_s == pytest.approx(2 * 3 * 163.2 * flops(4, 64) / flops(4, 256), rel=1e-6)
+    assert b.runs == 2 and not b.unpriced
 
 
 def _rows(ppl: dict[tuple[str, int, str | None], dict[int, float]]) -> list[dict]:

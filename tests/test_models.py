@@ -294,7 +294,7 @@ def test_learned_positions_error_past_maximum():
 def test_parameter_count_and_flops_are_reported():
     rg = build_model(_cfg("regular_gpt", thickness=1))
     tf = build_model(_cfg("transformer", "alibi", n_layers=1))
-    assert rg.num_parameters() == sum(p.numel() for p in rg.parameters())
+    # (the parameter count against a hand formula: tests/test_regular_gpt_truth.py)
     # one shared layer: the LM's weights don't grow with depth, its FLOPs do (log_C T layer applications)
     assert rg.flops_per_token(1024) > rg.flops_per_token(64)
     # dense attention FLOPs grow linearly in T, RegularGPT's only through the depth

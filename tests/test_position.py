@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from regulargpt.model import KerpleLogBias, KerplePowerBias, T5Bias, alibi_slopes, t5_relative_bucket
@@ -93,3 +94,89 @@ def test_sinusoidal_table_values():
     table = sinusoidal_table(torch.tensor([0, 1]), 4)
     assert torch.allclose(table[0], torch.tensor([0.0, 0.0, 1.0, 1.0]))
     assert torch.allclose(table[1], torch.tensor([math.sin(1.0), math.sin(0.01), math.cos(1.0), math.cos(0.01)]))
+
+
+# ------------------------------------------------------------------ the bias modules against the paper's formulas
+
+
+def test_alibi_slopes_at_1_4_and_12_heads_written_out():
+    assert alibi_slopes(1).tolist() == [2.0**-8]  # n = 1: 2^(-8·1/1)
+    assert alibi_slopes(4).tolist() == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
+    # 12: p = 8 → 2^-1..2^-8, then the 16-head schedule 2^(-i/2) at i = 1, 3, 5, 7
+    want = [2.0**-i for i in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
+    assert alibi_slopes(12).tolist() == pytest.approx(want, rel=1e-7, abs=0)
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    """b[h, q, k] = −m_h·(q − k), hand-written for 4 heads at (q, k) = (5, 5), (5, 2), (5, 0): a sign flip or a
+    transposed distance fails."""
+    from regulargpt.model import AlibiBias
+
+    out = AlibiBias(4)(torch.tensor([5]), torch.tensor([5, 2, 0]))
+    want = [[[0.0, -3 / 4, -5 / 4]], [[0.0, -3 / 16, -5 / 16]], [[0.0, -3 / 64, -5 / 64]],
+            [[0.0, -3 / 256, -5 / 256]]]
+    assert out.tolist() == want
+    far = AlibiBias(2)(torch.tensor([100]), torch.arange(101))[:, 0]  # (H, Tk): more negative further back
+    assert (far[:, :-1] < far[:, 1:]).all()
+
+
+def test_t5_bias_uses_the_bucket_of_query_minus_key():
+    bias = T5Bias(n_heads=2)
+    with torch.no_grad():
+        bias.table.copy_(torch.arange(64, dtype=torch.float32).view(32, 2))  # table[b, h] = 2b + h
+    # Δ = 0, 5, 19, 40 → buckets 0, 5, 16 + floor(16·log(19/16)/log 8) = 17, 16 + floor(16·log(40/16)/log 8) = 23
+    out = bias(torch.tensor([40]), torch.tensor([40, 35, 21, 0]))
+    assert out[:, 0].tolist() == [[0.0, 10.0, 34.0, 46.0], [1.0, 11.0, 35.0, 47.0]]
+
+
+def _kerple(cls, r1: list[float], r2: list[float]):
+    module = cls(n_heads=len(r1))
+    with torch.no_grad():
+        module.r1.copy_(torch.tensor(r1))
+        module.r2.copy_(torch.tensor(r2))
+    return module
+
+
+def test_kerple_log_roles_of_r1_and_r2():
+    """−r1·log(1 + r2·Δ) with r1 ≠ r2 per head: swapping their roles, or dropping the 1 +, changes every value."""
+    module = _kerple(KerpleLogBias, [1.5, 0.25], [0.5, 3.0])
+    out = module(torch.tensor([4]), torch.tensor([4, 3, 0]))[:, 0]  # Δ = 0, 1, 4
+    want = [[-1.5 * math.log(1 + 0.5 * d) for d in (0, 1, 4)], [-0.25 * math.log(1 + 3.0 * d) for d in (0, 1, 4)]]
+    assert torch.allclose(out, torch.tensor(want), rtol=1e-6, atol=0)
+
+
+def test_kerple_power_roles_of_r1_and_r2():
+    """−r1·Δ^r2: r1 multiplies, r2 is the exponent (r1 = 0.5, r2 = 1.5 and r1 = 2, r2 = 0.5, hand values)."""
+    module = _kerple(KerplePowerBias, [0.5, 2.0], [1.5, 0.5])
+    out = module(torch.tensor([9]), torch.tensor([9, 8, 5, 0]))[:, 0]  # Δ = 0, 1, 4, 9
+    want = torch.tensor([[0.0, -0.5, -0.5 * 8.0, -0.5 * 27.0], [0.0, -2.0, -2.0 * 2.0, -2.0 * 3.0]])
+    assert torch.allclose(out, want, rtol=1e-6, atol=0)
+    clamped = _kerple(KerplePowerBias, [1.0], [5.0])(torch.tensor([3]), torch.tensor([0]))  # r2 capped at 2
+    assert clamped.item() == pytest.approx(-9.0)
+
+
+def test_rope_rotates_a_known_vector_by_position_times_frequency():
+    """Dh = 4, base 100: pair 0 turns by p rad, pair 1 by p/10 rad. (1, 0, 0, 1) at p = 2 → (cos 2, sin 2,
+    −sin 0.2, cos 0.2)."""
+    rope = RotaryEmbedding(4, base=100.0)
+    x = torch.tensor([1.0, 0.0, 0.0, 1.0]).view(1, 1, 1, 4)
+    out = rope(x, torch.tensor([2]))[0, 0, 0]
+    want = torch.tensor([math.cos(2.0), math.sin(2.0), -math.sin(0.2), math.cos(0.2)])
+    assert torch.allclose(out, want, atol=1e-6)
+    assert torch.equal(rope(x, torch.tensor([0])), x)  # position 0: no rotation
+
+
+def test_sinusoidal_table_frequencies_at_dim_6():
+    table = sinusoidal_table(torch.tensor([3]), 6)[0]  # ω = 1, 10000^(-1/3), 10000^(-2/3)
+    w = [1.0, 10000 ** (-1 / 3), 10000 ** (-2 / 3)]
+    want = [math.sin(3 * x) for x in w] + [math.cos(3 * x) for x in w]
+    assert table.tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_learned_positions_run_up_to_max_positions_and_refuse_one_more():
+    from regulargpt.model.position import LearnedPositions
+
+    table = LearnedPositions(max_positions=8, dim=4)
+    assert torch.equal(table(8), table.table[:8])  # exactly max_positions: allowed
+    with pytest.raises(ValueError, match="input length 9 exceeds model.max_positions=8"):
+        table(9)

@@ -24,6 +24,7 @@ import torch
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.cli import fraction, non_negative_float, non_negative_int, positive_float, positive_int
+from regulargpt.config import ConfigError
 from regulargpt.evaluation.formal_scoring import RangeEvalError
 from regulargpt.experiments.formal_sweep import load_profile, plan_runs
 from regulargpt.provenance import report_head
@@ -32,42 +33,67 @@ from regulargpt.run_directory.layout import CONFIG_FILE, METRICS_FILE, SOLVE_FIL
 
 def cmd_time_to_solve(args: argparse.Namespace) -> int:
     """Train the profile's runs of one model with a SolveCheck (training unchanged) and tabulate the first step and
-    training second at which the held-out score reached the threshold."""
+    training second at which the held-out score reached the threshold. With --out X.md the raw records (each run's
+    check rows and solve step) go to X.json beside it; --records X.json rewrites the report from them alone."""
+    import json
     import shlex
 
-    from regulargpt.files import atomic_write_text, read_jsonl
+    from regulargpt.files import atomic_write_text, read_json_object, read_jsonl
     from regulargpt.provenance import provenance
     from regulargpt.train.formal_trainer import SolveCheck, train_formal
 
-    torch.set_num_threads(args.threads)
-    profile = load_profile(args.profile, args.configs)
-    runs = Path(args.runs) / f"threads{args.threads}"
-    specs = plan_runs(profile, runs, configs_dir=args.configs, tasks=args.tasks, models=[args.model],
-                      seeds=args.seeds)
-    check = SolveCheck(every=args.every)
-    lines = ["| task | seed | solved at step | training wall s | training CPU s | score at the end | steps |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for spec in specs:
-        path = train_formal(spec.cfg, spec.run_dir, solve_check=check)
-        meta = load_model_file(path)[2]
-        checks = read_jsonl(spec.run_dir / SOLVE_FILE)
-        cpu = meta.get("solved_cpu_seconds")  # None for runs trained before it was recorded
-        solved = (f"{meta['solved_step']} | {meta['solved_seconds']:.1f} | " + ("—" if cpu is None else f"{cpu:.1f}")
-                  if meta.get("solved_step") else "not solved | — | —")
-        lines.append(f"| {spec.task_id} | {spec.seed} | {solved} | {checks[-1]['score']:.3f} | {spec.cfg.train.steps} |")
-        print(lines[-1], flush=True)
-    command = "python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    prov = provenance(command)
-    head = [*report_head(f"Time to solve: {args.model}, profile `{profile.name}`, {args.threads} thread(s)", prov),
-            f"Every {check.every} steps the held-out score (mean accuracy at lengths "
-            f"{', '.join(map(str, check.lengths))}; {check.samples} fixed strings each) is measured without changing "
-            f"training; *solved* = the first check at >= {check.threshold}. Training seconds (wall, and CPU of the "
-            f"process: all its threads) exclude the checks; on a loaded machine wall > CPU / threads. "
-            f"Runs in `{runs}` (resumable).", ""]
+    if args.records:
+        raw = read_json_object(Path(args.records), ConfigError, "pass the .json that `time-to-solve --out X.md` wrote")
+        if not isinstance(raw.get("settings"), dict) or not isinstance(raw.get("records"), list):
+            raise ConfigError(f"{args.records}: expected the keys 'settings' and 'records' of a time-to-solve record")
+        settings, records = raw["settings"], raw["records"]
+    else:
+        torch.set_num_threads(args.threads)
+        profile = load_profile(args.profile, args.configs)
+        runs = Path(args.runs) / f"threads{args.threads}"
+        check = SolveCheck(every=args.every)
+        settings = {"model": args.model, "profile": profile.name, "threads": args.threads, "every": check.every,
+                    "lengths": list(check.lengths), "samples": check.samples, "threshold": check.threshold,
+                    "runs": str(runs)}
+        records = []
+        for spec in plan_runs(profile, runs, configs_dir=args.configs, tasks=args.tasks, models=[args.model],
+                              seeds=args.seeds):
+            meta = load_model_file(train_formal(spec.cfg, spec.run_dir, solve_check=check))[2]
+            records.append({"task": spec.task_id, "seed": spec.seed, "steps": spec.cfg.train.steps,
+                            "solved_step": meta.get("solved_step"), "solved_seconds": meta.get("solved_seconds"),
+                            "solved_cpu_seconds": meta.get("solved_cpu_seconds"),  # None: trained before recorded
+                            "checks": read_jsonl(spec.run_dir / SOLVE_FILE)})
+            print(solve_table([records[-1]])[-1], flush=True)
+    prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    head = [*report_head(f"Time to solve: {settings['model']}, profile `{settings['profile']}`, "
+                         f"{settings['threads']} thread(s)", prov),
+            f"Every {settings['every']} steps the held-out score (mean accuracy at lengths "
+            f"{', '.join(map(str, settings['lengths']))}; {settings['samples']} fixed strings each) is measured without "
+            f"changing training; *solved* = the first check at >= {settings['threshold']}. Training seconds (wall, and "
+            f"CPU of the process: all its threads) exclude the checks; on a loaded machine wall > CPU / threads. "
+            f"Runs in `{settings['runs']}` (resumable).", ""]
+    lines = solve_table(records)
     if args.out:
+        if not args.records:
+            raw_path = Path(args.out).with_suffix(".json")
+            atomic_write_text(raw_path, json.dumps({"provenance": prov, "settings": settings, "records": records}) + "\n")
+            lines += ["", f"Raw records: `{raw_path.name}` (regenerate: `python eval/formal.py time-to-solve --records "
+                          f"{raw_path} --out {args.out}`)."]
         atomic_write_text(Path(args.out), "\n".join(head + lines) + "\n")
         print(f"wrote {args.out}")
     return 0
+
+
+def solve_table(records: list[dict]) -> list[str]:
+    """The time-to-solve table, one row per run record: solve step, training wall and CPU seconds, last check."""
+    lines = ["| task | seed | solved at step | training wall s | training CPU s | score at the end | steps |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        cpu = r.get("solved_cpu_seconds")
+        solved = (f"{r['solved_step']} | {r['solved_seconds']:.1f} | " + ("—" if cpu is None else f"{cpu:.1f}")
+                  if r.get("solved_step") else "not solved | — | —")
+        lines.append(f"| {r['task']} | {r['seed']} | {solved} | {r['checks'][-1]['score']:.3f} | {r['steps']} |")
+    return lines
 
 
 def cmd_long_run(args: argparse.Namespace) -> int:
@@ -240,8 +266,10 @@ def add_pilot_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]"
     p.add_argument("--every", type=positive_int, default=100, help="steps between held-out checks (default 100)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--runs", default="runs/time_to_solve", help="runs folder (default runs/time_to_solve)")
-    p.add_argument("--out", help="markdown report, e.g. results/formal/time_to_solve_t1.md")
+    p.add_argument("--out", help="markdown report, e.g. results/formal/time_to_solve_t1.md (raw records: X.json)")
     p.add_argument("--configs", default="configs/formal", help="task/model/profile config folder")
+    p.add_argument("--records", help="rewrite the report from the raw records a previous --out X.md wrote to X.json "
+                                     "(trains nothing), e.g. results/formal/time_to_solve_t1.json")
     p.set_defaults(func=cmd_time_to_solve)
 
     p = sub.add_parser("pilot-steps", help="step counts from pilot runs' training-batch accuracy")

@@ -94,17 +94,29 @@ def cmd_range(args: argparse.Namespace) -> int:
 
 
 def cmd_by_depth(args: argparse.Namespace) -> int:
+    import json
     import shlex
 
-    from regulargpt.evaluation.formal_by_depth import by_depth_markdown, depth_profile
+    from regulargpt.evaluation.formal_by_depth import (
+        by_depth_markdown,
+        depth_record,
+        profile_from_record,
+        read_depth_records,
+    )
     from regulargpt.files import atomic_write_text
     from regulargpt.provenance import provenance, report_head
 
-    lines = by_depth_markdown([depth_profile(run) for run in args.runs], args.threshold)
+    records = read_depth_records(args.records) if args.records else [depth_record(run) for run in args.runs]
+    lines = by_depth_markdown([profile_from_record(r) for r in records], args.threshold)
     print("\n".join(lines))
     if args.out:
         prov = provenance("python eval/formal.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-        atomic_write_text(Path(args.out), "\n".join(report_head(args.title, prov) + lines))
+        raw = Path(args.out).with_suffix(".json")
+        if not args.records:  # the raw records beside the report: `--records` regenerates it from them
+            atomic_write_text(raw, json.dumps({"provenance": prov, "records": records}) + "\n")
+            lines += ["", f"Raw records: `{raw.name}` (regenerate: `python eval/formal.py by-depth --records {raw} "
+                          f"--title {shlex.quote(args.title)} --out {args.out}`)."]
+        atomic_write_text(Path(args.out), "\n".join(report_head(args.title, prov) + lines) + "\n")
         print(f"wrote {args.out}")
     return 0
 
@@ -219,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_range)
 
     p = sub.add_parser("by-depth", help="RegularGPT runs' accuracy grouped by the depth each evaluated length needs")
-    p.add_argument("--runs", nargs="+", required=True, help="run folders with config.resolved.json and range.jsonl, "
-                                                           "e.g. RUNS/modular_arithmetic_3/regular_gpt_c2/seed*")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--runs", nargs="+", help="run folders with config.resolved.json and range.jsonl, "
+                                                  "e.g. RUNS/modular_arithmetic_3/regular_gpt_c2/seed*")
+    source.add_argument("--records", help="the raw records a previous --out X.md wrote to X.json: rewrite the "
+                                          "report from them, e.g. results/formal/by_depth_cpu.json")
     p.add_argument("--threshold", type=fraction, default=0.99, help="accuracy of a depth that holds (default 0.99)")
     p.add_argument("--out", help="also write the tables with their provenance, e.g. results/formal/by_depth_cpu.md")
     p.add_argument("--title", default="Accuracy by adaptive depth", help="the report's title")

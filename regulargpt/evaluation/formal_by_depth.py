@@ -23,18 +23,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from regulargpt.config import ConfigError, formal_config_from_saved
+from regulargpt.data.sources import DataError
 from regulargpt.evaluation.formal_scoring import RangeEvalError, read_rows
 from regulargpt.files import read_json_object
 from regulargpt.model.sliding_dilated import adaptive_depth
 from regulargpt.run_directory.layout import CONFIG_FILE, RANGE_FILE
 from regulargpt.tasks import make_task
 
-__all__ = ["DepthProfile", "by_depth_markdown", "depth_profile"]
+__all__ = ["DepthProfile", "by_depth_markdown", "depth_profile", "depth_record", "profile_from_record",
+           "read_depth_records"]
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,12 @@ class DepthProfile:
         return next((d for d, (*_, acc) in sorted(self.depths.items()) if acc < threshold), None)
 
 
-def depth_profile(run_dir: str | Path) -> DepthProfile:
-    """A RegularGPT run's accuracy per depth from its ``config.resolved.json`` and ``range.jsonl``; the name is the
-    run folder's last three parts (``task/model/seed_lr``)."""
+def depth_record(run_dir: str | Path) -> dict[str, Any]:
+    """The raw record behind a run's :class:`DepthProfile`, small enough to commit beside the report: the run's name
+    (its folder's last three parts, ``task/model/seed_lr``), chunk size, longest training length and the input
+    length of a training string that long, and every evaluated ``[length, input_length, accuracy]`` of its
+    ``range.jsonl``. Example: ``{"run": "dyck_4/regular_gpt_c2/seed0_lr0.001", "chunk_size": 2, "max_length": 40,
+    "train_input_length": 40, "rows": [[1, 1, 1.0], [2, 2, 1.0], …]}``."""
     run_dir = Path(run_dir)
     cfg = formal_config_from_saved(read_json_object(run_dir / CONFIG_FILE, ConfigError, "pass a run folder of a "
                                                     "formal sweep or launch/train_formal.py"),
@@ -67,20 +73,44 @@ def depth_profile(run_dir: str | Path) -> DepthProfile:
     if not rows:
         raise RangeEvalError(f"{run_dir / RANGE_FILE}: no evaluated lengths; run `python eval/formal.py range --run "
                              f"{run_dir} --out {run_dir / RANGE_FILE}` first")
-    c = cfg.model.chunk_size
-    depth_of = {t: adaptive_depth(int(row.get("input_length", t)), c) for t, row in rows.items()}
-    groups: dict[int, list[tuple[int, float]]] = {}
-    for length, row in sorted(rows.items()):
-        groups.setdefault(depth_of[length], []).append((length, float(row["accuracy"])))
     longest, _ = make_task(cfg.data.task, **cfg.data.task_options).sample(1, cfg.data.max_length,
                                                                            torch.Generator().manual_seed(0))
+    return {"run": "/".join(run_dir.parts[-3:]), "chunk_size": cfg.model.chunk_size, "max_length": cfg.data.max_length,
+            "train_input_length": int(longest.shape[1]),
+            "rows": [[t, int(row.get("input_length", t)), float(row["accuracy"])] for t, row in sorted(rows.items())]}
+
+
+def profile_from_record(record: dict[str, Any]) -> DepthProfile:
+    """A :class:`DepthProfile` from a :func:`depth_record` (a run folder's, or one read back from a report's JSON)."""
+    c = int(record["chunk_size"])
+    depth_of = {int(t): adaptive_depth(int(n), c) for t, n, _ in record["rows"]}
+    groups: dict[int, list[tuple[int, float]]] = {}
+    for t, _, acc in sorted(record["rows"]):
+        groups.setdefault(depth_of[int(t)], []).append((int(t), float(acc)))
     depths = {d: (members[0][0], members[-1][0], len(members), float(np.mean([a for _, a in members])))
               for d, members in sorted(groups.items())}
-    train_depth = adaptive_depth(longest.shape[1], c)
-    control = [float(row["accuracy"]) for t, row in rows.items() if t > cfg.data.max_length
-               and depth_of[t] <= train_depth]
-    return DepthProfile("/".join(run_dir.parts[-3:]), c, train_depth, depths,
+    train_depth = adaptive_depth(int(record["train_input_length"]), c)
+    control = [float(acc) for t, _, acc in record["rows"] if int(t) > int(record["max_length"])
+               and depth_of[int(t)] <= train_depth]
+    return DepthProfile(str(record["run"]), c, train_depth, depths,
                         (len(control), float(np.mean(control))) if control else None)
+
+
+def depth_profile(run_dir: str | Path) -> DepthProfile:
+    """A RegularGPT run's accuracy per depth from its ``config.resolved.json`` and ``range.jsonl``; the name is the
+    run folder's last three parts (``task/model/seed_lr``)."""
+    return profile_from_record(depth_record(run_dir))
+
+
+def read_depth_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records a by-depth report's JSON holds (``{"records": [...]}``); DataError naming the file otherwise."""
+    raw = read_json_object(Path(path), DataError, "pass the .json that `by-depth --out X.md` wrote beside X.md")
+    records = raw.get("records")
+    keys = {"run", "chunk_size", "max_length", "train_input_length", "rows"}
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and keys <= set(r)
+                                                               for r in records):
+        raise DataError(f"{path}: expected {{\"records\": [...]}} with keys {sorted(keys)} in every record")
+    return records
 
 
 def by_depth_markdown(profiles: list[DepthProfile], threshold: float = 0.99) -> list[str]:
