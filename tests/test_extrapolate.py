@@ -373,3 +373,45 @@ def test_depth_policy_applies_to_regular_gpt_runs_and_leaves_the_others_alone(da
     rgpt = _run(tmp_path / "rgpt", data, architecture="regular_gpt", position="none")
     rows = sweep([alibi, rgpt], data, "test", [TRAIN_LEN], tmp_path / "out", progress=False, depth_policy="train")
     assert [(r["run"], r["depth_policy"]) for r in rows] == [(alibi, None), (rgpt, "train")]
+
+
+# ------------------------------------------------------------------------------------------ without matplotlib
+
+# Run first in a child process: every import of matplotlib fails, as on the GPU machine's image (issue 39 §2).
+HIDE_MATPLOTLIB = """
+import importlib.abc, sys
+class _Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Hide())
+"""
+
+
+def test_evaluation_without_matplotlib_writes_rows_and_tables_and_says_plots_were_skipped(data, tmp_path):
+    run = _run(tmp_path / "a", data)
+    out = tmp_path / "out"
+    script = HIDE_MATPLOTLIB + f"""
+sys.argv = ["eval/extrapolate.py"]
+from regulargpt.commands.extrapolate import main
+code = main({["--runs", run, "--data", str(data), "--lengths", "16,32", "--device", "cpu", "--no-progress",
+             "--out", str(out)]!r})
+from regulargpt.evaluation import formal_long_run, lm_trends, receptive_field, state_clusters
+# every other plot of the evaluation path: nothing drawn, nothing raised (the inputs are never read)
+state_clusters.plot_steps([], "{tmp_path}/c.png", "t")
+receptive_field.plot_receptive_field(None, "{tmp_path}/r.png", "t")
+lm_trends.plot_gap_vs_tokens({{}}, {{}}, [], "alibi", 16, 256, "{tmp_path}/g.png")
+lm_trends.plot_ppl_by_budget({{}}, {{}}, [], [], "{tmp_path}/b.png")
+formal_long_run.plot_curves({{}}, "{tmp_path}/f.png", "t")
+sys.exit(code)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(load_rows(out / "results.jsonl")) == 2 and "Perplexity" in (out / "table.md").read_text()
+    assert f"wrote {out}/results.jsonl, table.md\n" in proc.stdout
+    skipped = [line for line in proc.stderr.splitlines() if "plots skipped" in line]
+    assert skipped == [f"plots skipped: matplotlib is not installed (first: {out}/ppl_vs_length.png); tables and "
+                       f"rows are written"]
+    assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "table.md"]
+    assert not list(tmp_path.glob("*.png"))
