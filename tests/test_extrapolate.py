@@ -4,6 +4,7 @@ rows, clear errors, report files. Tiny data written directly (manifest + .bin), 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -218,8 +219,8 @@ def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> N
         table = (tmp_path / out / "table.md").read_text()
         assert "Git commit" in table and "Every length scores the same 1,024 tokens." in table
         assert "| ALiBi |" in table and "| RegularGPT C2 K1 |" in table and "16 (1×)" in table
-        for name in ("ppl_vs_length.png", "loss_vs_position.png"):
-            assert (tmp_path / out / name).read_bytes()[:4] == b"\x89PNG"
+        for name in ("ppl_vs_length.png", "loss_vs_position.png"):  # plots are optional (no matplotlib: none)
+            assert (tmp_path / out / name).read_bytes()[:4] == b"\x89PNG" or not importlib.util.find_spec("matplotlib")
 
 
 # ------------------------------------------------------------------------------------------ variants and eval section

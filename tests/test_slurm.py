@@ -9,6 +9,7 @@ Set REGULARGPT_SKIP_SLURM=1 to skip it on purpose. After the install (about 5–
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -174,4 +175,5 @@ def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tm
     cmp = _wait(slurm, compare_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=120)
     sweep = tmp_path / "eval" / "sweep"
     assert cmp["JobState"] == "COMPLETED", "".join(p.read_text() for p in sweep.glob("compare-*.out"))[-3000:]
-    assert (sweep / "comparison" / "table.md").is_file() and (sweep / "comparison" / "ppl_vs_length.png").is_file()
+    assert (sweep / "comparison" / "table.md").is_file()
+    assert (sweep / "comparison" / "ppl_vs_length.png").is_file() or not importlib.util.find_spec("matplotlib")
