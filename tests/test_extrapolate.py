@@ -4,7 +4,6 @@ rows, clear errors, report files. Tiny data written directly (manifest + .bin), 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -23,7 +22,7 @@ from regulargpt.evaluation.length_sweep import ResultsFile, sweep
 from regulargpt.evaluation.perplexity import EvalError, plan_tokens, plan_windows, position_buckets
 from regulargpt.files import TornLineWarning
 from regulargpt.model import build_model
-from helpers import free_port, load_script
+from helpers import HAS_MATPLOTLIB, free_port, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, TRAIN_LEN, STREAM = 61, 16, 1100
@@ -220,7 +219,7 @@ def test_two_processes_equal_one_and_the_report(data: Path, tmp_path: Path) -> N
         assert "Git commit" in table and "Every length scores the same 1,024 tokens." in table
         assert "| ALiBi |" in table and "| RegularGPT C2 K1 |" in table and "16 (1×)" in table
         for name in ("ppl_vs_length.png", "loss_vs_position.png"):  # plots are optional (no matplotlib: none)
-            assert (tmp_path / out / name).read_bytes()[:4] == b"\x89PNG" or not importlib.util.find_spec("matplotlib")
+            assert (tmp_path / out / name).read_bytes()[:4] == b"\x89PNG" or not HAS_MATPLOTLIB
 
 
 # ------------------------------------------------------------------------------------------ variants and eval section

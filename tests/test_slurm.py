@@ -9,7 +9,6 @@ Set REGULARGPT_SKIP_SLURM=1 to skip it on purpose. After the install (about 5–
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import HAS_MATPLOTLIB
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -176,4 +176,4 @@ def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tm
     sweep = tmp_path / "eval" / "sweep"
     assert cmp["JobState"] == "COMPLETED", "".join(p.read_text() for p in sweep.glob("compare-*.out"))[-3000:]
     assert (sweep / "comparison" / "table.md").is_file()
-    assert (sweep / "comparison" / "ppl_vs_length.png").is_file() or not importlib.util.find_spec("matplotlib")
+    assert (sweep / "comparison" / "ppl_vs_length.png").is_file() or not HAS_MATPLOTLIB
