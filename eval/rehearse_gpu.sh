@@ -43,15 +43,18 @@ phase() {
   local name=$1 start=$SECONDS
   shift
   "$@" > "$DIR/$name.log" 2>&1
-  local rc=$?
-  echo "$name: exit $rc ($((SECONDS - start)) s)" | tee -a "$LOG"
+  local rc=$? note
+  note=$(tail -1 "$DIR/$name.log" | grep -x -E "cached|kept")
+  echo "$name: exit $rc ($((SECONDS - start)) s${note:+, $note})" | tee -a "$LOG"
   return $rc
 }
 
 download() {  # once: the image's versions and the test tools, with every dependency, for this Python
   [ -f "$DIR/wheels/.complete" ] && { echo "cached"; return 0; }
+  local start=$SECONDS
   "$PY312" -m venv --clear "$DIR/pip"
-  "$DIR/pip/bin/python" -m pip download --dest "$DIR/wheels" "${IMAGE[@]}" "${TEST_TOOLS[@]}" && touch "$DIR/wheels/.complete"
+  "$DIR/pip/bin/python" -m pip download --dest "$DIR/wheels" "${IMAGE[@]}" "${TEST_TOOLS[@]}" &&
+    echo "downloaded in $((SECONDS - start)) s on $(date -u +%F)" > "$DIR/wheels/.complete"
 }
 
 install() {  # a fresh venv from the wheel folder, offline (kept while the pins are the same, unless FRESH=1)
@@ -116,7 +119,7 @@ phase suite suite
        "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))."
   echo
   echo "Python 3.12 from \`$PY312\`; wheels: $(ls "$DIR/wheels" | grep -c '\.whl$') files," \
-       "$((du_wheels / 1048576)) MiB in \`$DIR/wheels\` (downloaded once; later runs install offline)."
+       "$((du_wheels / 1048576)) MiB in \`$DIR/wheels\` ($(cat "$DIR/wheels/.complete"); later runs install offline)."
   echo
   cat "$DIR/versions.log"
   echo
