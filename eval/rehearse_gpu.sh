@@ -99,7 +99,7 @@ check() {  # the GPU check's flow at tiny sizes, compile included, exactly as on
 
 suite() {  # the non-slow suite, with the check's deps (deepspeed and what it imports) on the path
   OMP_NUM_THREADS=1 PYTHONPATH="$ROOT:$DIR/work/deps" PATH="$DIR/work/deps/bin:$PATH" \
-    "$DIR/venv/bin/python" -m pytest -q -p no:cacheprovider -n "$JOBS" -m "not slow" -rfE tests
+    "$DIR/venv/bin/python" -m pytest -q -p no:cacheprovider -n "$JOBS" -m "not slow" -rfEs tests
 }
 
 PY312=$(python312) || exit 2
@@ -134,7 +134,8 @@ phase suite suite
   sed 's/^\([a-z]*\): \(.*\)$/| \1 | \2 |/' "$DIR/check/summary.txt" 2>/dev/null
   echo
   echo "The non-slow suite (\`pytest -m 'not slow' -n $JOBS\`): $(tail -1 "$DIR/suite.log")"
-  grep -E "^(FAILED|ERROR) " "$DIR/suite.log" | sed 's/^/    /'
-} > "$REPORT.tmp" && mv "$REPORT.tmp" "$REPORT"
+  grep -E "^(FAILED|ERROR|SKIPPED) " "$DIR/suite.log" | sed 's/^/    /'
+} > "$REPORT.tmp"
+mv "$REPORT.tmp" "$REPORT"
 cat "$REPORT"
 ! grep -q -v ": exit 0 " "$LOG" "$DIR/check/summary.txt"
