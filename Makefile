@@ -10,7 +10,7 @@ KERNEL := $(VENV)/.kernel-built
 # time; TEST_WORKERS=0 runs it in one process. Shared fixtures are built once per run (tests/conftest.py).
 TEST_WORKERS ?= 2
 
-.PHONY: install test test-all demo bench gpu-wheels clean
+.PHONY: install test test-all demo bench gpu-wheels rehearse-gpu clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ bench: $(KERNEL)
 # here, offline there): git-ignored, carried with the check (docs/GPU_CHECK.md).
 gpu-wheels: $(STAMP)
 	$(PY) eval/gpu_deps.py download --out eval/gpu_wheels
+
+# The GPU check rehearsed here under the GPU image's Python 3.12 and library versions (eval/rehearse_gpu.sh: a venv in
+# build/rehearse_gpu from ~2.8 GB of wheels, the CUDA build of torch 2.11 included; not part of `make test`).
+rehearse-gpu:  # needs eval/gpu_wheels (make gpu-wheels) and a Python 3.12
+	bash eval/rehearse_gpu.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -42,9 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     atomic_write_text(out / "results.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
     command = "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    write_report(rows, out, command, title="Perplexity vs evaluation length: sweep comparison")
-    print(f"wrote {out}/results.jsonl ({len(rows)} rows from {len(args.results)} folders), table.md, "
-          f"ppl_vs_length.png, loss_vs_position.png")
+    written = write_report(rows, out, command, title="Perplexity vs evaluation length: sweep comparison")
+    print(f"wrote {out}/results.jsonl ({len(rows)} rows from {len(args.results)} folders), {', '.join(written)}")
     return 0
 
 

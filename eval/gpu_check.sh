@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# One prepared check of a GPU machine (docs/PERFORMANCE.md, "Checking a GPU machine"), within 9 minutes on one GPU:
-#   1 env       GPU, driver, torch/Triton versions; installs eval/gpu_wheels (make gpu-wheels) when deepspeed is missing
-#   2 correct   the kernels (triton, cpp, blocked, shift, flex) against the fp64 dense reference, forward and
-#               gradients, fp32 and bf16; and the CUDA tests of tests/test_flex_sliding.py
-#   3 kernels   forward+backward at T = 4k, 16k, 64k (H = 12, bf16): triton / blocked / shift / SDPA-flash causal,
-#               time ÷ the HBM floor (datasheet and a measured copy)
-#   4 train     `deepspeed launch/pretrain.py` (world 1, ZeRO 1, bf16, the config's micro-batch 32), 60 steps on random
-#               tokens: RegularGPT (SIGTERM at step 30, then a resume to 60 and the export), ALiBi, RoPE, each also
-#               with train.compile; tokens/s, MFU against the datasheet peak, peak memory against eval/plan_scale.py
-#   5 eval      eval/extrapolate.py on the exported RegularGPT to 16,384 tokens; generation tokens/s at 16k context
-#   6 profile   the top kernels of one RegularGPT training step, CPU vs GPU time
-# Every step has its own time cap, so a failure or a hang leaves the other steps' results; everything is written under
-# $OUT (default results/gpu), with summary.txt listing each step's exit status and seconds.
+# One prepared check of a GPU machine (docs/GPU_CHECK.md, "Checking a GPU machine"), within 9.5 minutes on one GPU,
+# ordered so that a call cut short still leaves the most useful results:
+#   1 env         GPU, driver, Python/torch/Triton versions; installs eval/gpu_wheels (make gpu-wheels) offline
+#   2 correctness every algorithm that runs on the device (sliding_dilated.algorithms_on: triton, shift, blocked,
+#                 flex on CUDA) against the fp64 dense reference, forward and gradients, fp32 and bf16; the CUDA
+#                 tests of tests/test_flex_sliding.py
+#   3 train       `deepspeed launch/pretrain.py` on the base config (world 1, ZeRO 1, bf16, micro-batch 32, random
+#                 tokens), 200 steps: SIGTERM at step 100, resume to 200, export; then again with train.compile
+#   4 baselines   ALiBi, T5, KERPLE (FlexAttention on CUDA) and RoPE (SDPA flash), 60 steps each; ALiBi compiled
+#   5 kernels     forward+backward at T = 16k (H = 12, bf16): triton / blocked / shift / SDPA-flash causal, time ÷
+#                 the HBM floor (datasheet and a measured copy)
+#   6 eval        eval/extrapolate.py on the exported RegularGPT and ALiBi to 16× the training length; generation
+#                 tokens/s at 16k context
+#   7 profile     the top kernels of one RegularGPT training step, CPU vs GPU time
+# Every step has its own time cap and writes its files under $OUT (default results/gpu) as it finishes, so a failure
+# or a hang leaves the other steps' results; summary.txt lists each step's exit status and seconds.
 #
 #   bash eval/gpu_check.sh                    # on the GPU machine (device tool: run(command="bash eval/gpu_check.sh",
-#                                             #   carry=["eval/gpu_wheels"], timeout_s=590))
+#                                             #   carry=["eval/gpu_wheels"], timeout_s=600))
 #   DEVICE=cpu OUT=/tmp/check bash eval/gpu_check.sh   # the same flow at tiny sizes on CPU (tests/test_gpu_check.py)
+#   bash eval/rehearse_gpu.sh                 # the CPU flow under the GPU image's Python and library versions
 set -uo pipefail
 SCRIPT=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 export DEVICE=${DEVICE:-cuda}
@@ -40,24 +44,24 @@ step() {
 }
 
 if [ "$DEVICE" = cpu ]; then
-  # Tiny sizes: the flow, not the figures (tests/test_gpu_check.py runs this in `make test`).
-  CONFIGS="regular_gpt=configs/tiny/regular_gpt.json alibi=configs/tiny/alibi.json rope=configs/tiny/rope.json"
+  # Tiny sizes: the flow, not the figures (tests/test_gpu_check.py runs this).
+  MODEL=configs/tiny/regular_gpt.json BASELINES="alibi t5 kerple_log rope" CONFIG_DIR=configs/tiny
   SIZE=(--set model.vocab_size=512 --set model.d_model=32 --set model.n_heads=2 --set model.chunk_size=4
         --set model.thickness=2 --set model.n_layers=2 --set data.seq_len=32 --set train.batch_size=4)
-  STEPS=40 STOP_AT=2 LOG_EVERY=2 VOCAB=512 TOKENS=60000 LENGTHS=4096 HEADS=2 CHECK_T=40 EVAL_LENGTHS=32,64,128
-  CONTEXT=256 NEW_TOKENS=4 PROFILE_BATCH=2 COPY_MIB=16
+  STEPS=40 STOP_AT=2 BASELINE_STEPS=20 LOG_EVERY=2 VOCAB=512 TOKENS=60000 LENGTHS=4096 HEADS=2 CHECK_T=40
+  EVAL_LENGTHS=32,64,128,256,512 CONTEXT=256 NEW_TOKENS=4 PROFILE_BATCH=2 COPY_MIB=16
   COMPILED=${COMPILED:-}  # compile takes ~40 CPU-s even without inductor (tests/test_train_compile.py runs it)
   export REGULARGPT_COMPILE_BACKEND=${REGULARGPT_COMPILE_BACKEND:-aot_eager}  # inductor's C++ build takes minutes
-  CAPS=(120 120 120 480 120 120)  # caps, not expectations: the suite runs this beside another pytest worker
+  CAPS=(120 120 480 480 120 240 120)  # caps, not expectations: the suite runs this beside another pytest worker
 else
-  CONFIGS="regular_gpt=configs/base.json alibi=configs/baselines/alibi.json rope=configs/baselines/rope.json"
+  MODEL=configs/base.json BASELINES="alibi t5 kerple_log rope" CONFIG_DIR=configs/baselines
   SIZE=()
-  STEPS=60 STOP_AT=30 LOG_EVERY=10 VOCAB=8000 TOKENS=4000000 LENGTHS=4096,16384,65536 HEADS=12 CHECK_T=1000
-  EVAL_LENGTHS=512,1024,2048,4096,8192,16384 CONTEXT=16384 NEW_TOKENS=64 PROFILE_BATCH=32 COPY_MIB=1024
-  COMPILED="regular_gpt alibi rope"
-  CAPS=(60 100 75 240 70 25)  # seconds: 570 in all
+  STEPS=200 STOP_AT=100 BASELINE_STEPS=60 LOG_EVERY=10 VOCAB=8000 TOKENS=8000000 LENGTHS=16384 HEADS=12
+  CHECK_T=1000 EVAL_LENGTHS=512,1024,2048,4096,8192 CONTEXT=16384 NEW_TOKENS=64 PROFILE_BATCH=32 COPY_MIB=1024
+  COMPILED="regular_gpt alibi"
+  CAPS=(30 75 190 130 45 60 20)  # seconds: 550 in all; guesses until a GPU has run it
 fi
-TRAIN_SETS=(--set "data.path=$WORK/data" --set "train.steps=$STEPS" --set "train.log_every=$LOG_EVERY"
+TRAIN_SETS=(--set "data.path=$WORK/data" --set "train.log_every=$LOG_EVERY"
             --set train.eval_every=0 --set train.save_every=0 --set train.warmup_fraction=0.1
             --set train.zero_stage=1 --set train.precision=bf16 --set logging.wandb=false
             --set logging.progress=false --set train.keep_last=1 "${SIZE[@]}")
@@ -74,9 +78,8 @@ torch.version.cuda, '|', torch.cuda.get_device_name() if torch.cuda.is_available
 
 # 2. correctness -----------------------------------------------------------------------------------------------------
 correctness_step() {
-  local algorithms=triton,cpp,blocked,shift,flex rc=0
-  [ "$DEVICE" = cpu ] && algorithms=cpp,blocked,shift  # triton and flex's backward are CUDA-only
-  $PY eval/gpu_steps.py check --device "$DEVICE" --algorithms $algorithms --length $CHECK_T --heads $HEADS \
+  local rc=0  # --algorithms device: what runs on $DEVICE (never the CPU-only C++ operator on CUDA)
+  $PY eval/gpu_steps.py check --device "$DEVICE" --algorithms device --length $CHECK_T --heads $HEADS \
     --out "$OUT/correctness.md" || rc=1
   if [ "$DEVICE" != cpu ]; then
     timeout 45 $PY -m pytest -q -p no:cacheprovider tests/test_flex_sliding.py -k cuda || rc=1
@@ -84,33 +87,30 @@ correctness_step() {
   return $rc
 }
 
-# 3. kernels -------------------------------------------------------------------------------------------------------
-kernels_step() {
-  local algorithms=triton,blocked,shift
-  [ "$DEVICE" = cpu ] && algorithms=blocked,shift
-  $PY eval/gpu_steps.py bench --device "$DEVICE" --algorithms $algorithms --lengths $LENGTHS \
-    --heads $HEADS --reps 3 --copy-mib $COPY_MIB --out "$OUT/kernels.md"
-}
-
-# 4. the trainer ----------------------------------------------------------------------------------------------------
+# 3. the trainer ----------------------------------------------------------------------------------------------------
 LAUNCH=(deepspeed --num_gpus 1 --master_port 29517 launch/pretrain.py)
 [ "$DEVICE" = cpu ] && LAUNCH=($PY launch/pretrain.py)  # one process; the deepspeed launcher is tests/test_pretrain.py's
 
-# train_run NAME CONFIG [--set ...]: one run to the end in $WORK/runs/NAME, metrics copied to $OUT/train/NAME.jsonl
+ensure_data() {  # random tokens, once (the train step makes them; the baselines make them if it did not get there)
+  [ -f "$WORK/data/manifest.json" ] || $PY eval/gpu_steps.py data "$WORK/data" --vocab $VOCAB --tokens $TOKENS
+}
+
+# train_run NAME CONFIG STEPS [--set ...]: one run to the end in $WORK/runs/NAME, metrics copied to
+# $OUT/$METRICS/NAME.jsonl (METRICS: the step's folder)
 train_run() {
-  local name=$1 config=$2
-  shift 2
-  "${LAUNCH[@]}" --config "$config" --run-dir "$WORK/runs/$name" "${TRAIN_SETS[@]}" "$@"
+  local name=$1 config=$2 steps=$3
+  shift 3
+  "${LAUNCH[@]}" --config "$config" --run-dir "$WORK/runs/$name" "${TRAIN_SETS[@]}" --set "train.steps=$steps" "$@"
   local rc=$?
-  cp "$WORK/runs/$name/metrics.jsonl" "$OUT/train/$name.jsonl" 2>/dev/null
+  cp "$WORK/runs/$name/metrics.jsonl" "$OUT/$METRICS/$name.jsonl" 2>/dev/null
   return $rc
 }
 
 # The RegularGPT run gets a SIGTERM once step STOP_AT is logged (it saves a checkpoint at the step it is in and exits
 # 0), then the same command resumes it to the end.
 stop_and_resume() {
-  local config=$1 run=$WORK/runs/regular_gpt
-  "${LAUNCH[@]}" --config "$config" --run-dir "$run" "${TRAIN_SETS[@]}" &
+  local run=$WORK/runs/regular_gpt
+  "${LAUNCH[@]}" --config "$MODEL" --run-dir "$run" "${TRAIN_SETS[@]}" --set "train.steps=$STEPS" &
   local pid=$!
   until grep -q "\"step\": $STOP_AT," "$run/metrics.jsonl" 2>/dev/null; do
     sleep 0.05
@@ -119,48 +119,75 @@ stop_and_resume() {
   kill -TERM $pid
   wait $pid
   echo "SIGTERM after step $STOP_AT: exit $?, checkpoint $(cat "$run/latest" 2>/dev/null || echo none)"
-  train_run regular_gpt "$config" || return $?
-  echo "resumed and finished: $(tail -1 "$OUT/train/regular_gpt.jsonl")"
+  train_run regular_gpt "$MODEL" $STEPS || return $?
+  echo "resumed and finished: $(tail -1 "$OUT/$METRICS/regular_gpt.jsonl")"
   ls -la "$run/model.pt"
 }
 
-train_step() {
-  mkdir -p "$OUT/train"
-  $PY eval/gpu_steps.py data "$WORK/data" --vocab $VOCAB --tokens $TOKENS || return 1
-  local failed=0 pair name config
-  for pair in $CONFIGS; do
-    name=${pair%%=*} config=${pair#*=}
-    echo "== $name ($config)"
-    if [ "$name" = regular_gpt ]; then stop_and_resume "$config" || failed=1
-    else train_run "$name" "$config" || failed=1; fi
-    case " $COMPILED " in *" $name "*)
-      echo "== $name, train.compile=true"
-      train_run "${name}_compiled" "$config" --set train.compile=true || failed=1;;
-    esac
-  done
-  $PY - "$OUT/train" <<'EOF'
+# throughput NAME CONFIG: $OUT/NAME.md, one row per run in $OUT/NAME/ (tokens/s without the first window: the
+# warm-up), and the ZeRO-1 row of eval/plan_scale.py for CONFIG to hold max_memory_gib against (it models no RoPE)
+throughput() {
+  local name=$1 config=$2
+  $PY - "$OUT/$name" > "$OUT/$name.md" <<'EOF'
 import json, sys
 from pathlib import Path
 rows = ["| run | steps | tokens/s | mfu | mfu_measured | max memory (GiB) |", "|---|---|---|---|---|---|"]
 for path in sorted(Path(sys.argv[1]).glob("*.jsonl")):
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     last = recs[-1]
-    tps = [r["tokens_per_s"] for r in recs[1:]] or [last["tokens_per_s"]]  # the first window holds the warm-up
+    tps = [r["tokens_per_s"] for r in recs[1:]] or [last["tokens_per_s"]]
+    measured = f"{100 * last['mfu_measured']:.1f}%" if "mfu_measured" in last else "–"
     rows.append(f"| {path.stem} | {last['step']} | {sum(tps) / len(tps):,.0f} | {100 * last['mfu']:.1f}% | "
-                f"{100 * last['mfu_measured']:.1f}% | {last.get('max_memory_gib', '–')} |"
-                if "mfu_measured" in last else
-                f"| {path.stem} | {last['step']} | {sum(tps) / len(tps):,.0f} | {100 * last['mfu']:.1f}% | – | "
-                f"{last.get('max_memory_gib', '–')} |")
+                f"{measured} | {last.get('max_memory_gib', '–')} |")
 print("\n".join(rows))
 EOF
-  for pair in ${CONFIGS% rope=*}; do  # the estimate to hold max_memory_gib against: the ZeRO 1 row (the planner
-    $PY eval/plan_scale.py --config "${pair#*=}" "${SIZE[@]}" --set train.zero_stage=1 --gpus-per-node 1 --nodes 1 \
-      --gpu-memory-gb 141 --peak-tflops 989 --markdown "$OUT/plan_${pair%%=*}.md" | grep "^| 1 |"  # models no RoPE)
-  done
+  cat "$OUT/$name.md"
+  $PY eval/plan_scale.py --config "$config" "${SIZE[@]}" --set train.zero_stage=1 --gpus-per-node 1 --nodes 1 \
+    --gpu-memory-gb 141 --peak-tflops 989 --markdown "$OUT/plan_$name.md" | grep "^| 1 |"
+}
+
+compiled() { case " $COMPILED " in *" $1 "*) return 0;; esac; return 1; }
+
+train_step() {
+  METRICS=train
+  mkdir -p "$OUT/$METRICS"
+  ensure_data || return 1
+  local failed=0
+  echo "== regular_gpt ($MODEL), $STEPS steps, SIGTERM at $STOP_AT"
+  stop_and_resume || failed=1
+  if compiled regular_gpt; then
+    echo "== regular_gpt, train.compile=true"
+    train_run regular_gpt_compiled "$MODEL" $STEPS --set train.compile=true || failed=1
+  fi
+  throughput train "$MODEL"
   return $failed
 }
 
-# 5. evaluation and generation ----------------------------------------------------------------------------------------
+# 4. the baselines: FlexAttention for the biased ones on CUDA (regulargpt/model/dense_attention.py), SDPA for RoPE -
+baselines_step() {
+  METRICS=baselines
+  mkdir -p "$OUT/$METRICS"
+  ensure_data || return 1
+  local failed=0 name
+  for name in $BASELINES; do
+    echo "== $name ($CONFIG_DIR/$name.json), $BASELINE_STEPS steps"
+    train_run "$name" "$CONFIG_DIR/$name.json" $BASELINE_STEPS || failed=1
+  done
+  if compiled alibi; then
+    echo "== alibi, train.compile=true"
+    train_run alibi_compiled "$CONFIG_DIR/alibi.json" $BASELINE_STEPS --set train.compile=true || failed=1
+  fi
+  throughput baselines "$CONFIG_DIR/alibi.json"
+  return $failed
+}
+
+# 5. the kernel against the HBM floor ---------------------------------------------------------------------------------
+kernels_step() {  # an algorithm that does not run on $DEVICE is a skipped row (triton on CPU)
+  $PY eval/gpu_steps.py bench --device "$DEVICE" --algorithms triton,blocked,shift --lengths $LENGTHS \
+    --heads $HEADS --reps 3 --copy-mib $COPY_MIB --out "$OUT/kernels.md"
+}
+
+# 6. evaluation to 16× the training length, and generation ------------------------------------------------------------
 eval_step() {
   local rc=0
   $PY eval/extrapolate.py --runs "$WORK/runs/regular_gpt" "$WORK/runs/alibi" --data "$WORK/data" \
@@ -170,10 +197,9 @@ eval_step() {
   return $rc
 }
 
-# 6. profile ----------------------------------------------------------------------------------------------------------
+# 7. profile ----------------------------------------------------------------------------------------------------------
 profile_step() {
-  local first=${CONFIGS%% *}
-  $PY eval/gpu_steps.py profile --config "${first#*=}" "${SIZE[@]}" --device "$DEVICE" --batch $PROFILE_BATCH \
+  $PY eval/gpu_steps.py profile --config "$MODEL" "${SIZE[@]}" --device "$DEVICE" --batch $PROFILE_BATCH \
     --out "$OUT/profile.md"
 }
 
@@ -185,10 +211,11 @@ fi
 step env "${CAPS[0]}"
 cat "$OUT/env.log"
 step correctness "${CAPS[1]}"
-step kernels "${CAPS[2]}"
-step train "${CAPS[3]}"
-step eval "${CAPS[4]}"
-step profile "${CAPS[5]}"
+step train "${CAPS[2]}"
+step baselines "${CAPS[3]}"
+step kernels "${CAPS[4]}"
+step eval "${CAPS[5]}"
+step profile "${CAPS[6]}"
 echo "--- $OUT/summary.txt"
 cat "$SUMMARY"
 ! grep -q -v ": exit 0 " "$SUMMARY"

@@ -2,13 +2,15 @@
 a profile of one training step. Each writes one markdown file; every one runs on CPU at tiny sizes too.
 
     python eval/gpu_steps.py data OUT --vocab 8000 --tokens 2000000       # a data folder of random tokens
-    python eval/gpu_steps.py check --device cuda --algorithms triton,cpp,blocked,shift --out k.md
-    python eval/gpu_steps.py bench --device cuda --lengths 4096,16384,65536 --algorithms triton,blocked --out b.md
+    python eval/gpu_steps.py check --device cuda --out k.md        # every algorithm that runs on the device
+    python eval/gpu_steps.py bench --device cuda --lengths 16384 --algorithms triton,blocked,shift --out b.md
     python eval/gpu_steps.py generate runs/x/model.pt --context 16384 --new-tokens 64 --device cuda --out g.md
     python eval/gpu_steps.py profile --config configs/base.json --device cuda --out p.md
 
 Algorithms are asked for by name (``regulargpt.model.sliding_dilated_attention(..., algorithm=NAME)``): a name this
-checkout does not know is reported as "skipped (unknown algorithm)", not an error. ``check``: the forward and the
+checkout does not know, or one that does not run on the device (``algorithms_on``: "cpp" is CPU-only, "triton" and
+"flex" CUDA-only), is reported as "skipped", not an error; ``--algorithms device`` (the default) takes every algorithm
+``algorithms_on(device)`` lists. ``check``: the forward and the
 gradients of q, k, v, the window scalars and the pads against the fp64 dense reference, fp32 and bf16, error over
 max(1, |reference|) under 2e-3 (fp32) and 3e-2 (bf16), the bounds of tests/test_flex_sliding.py; exit 1 on a
 mismatch or an error. ``bench``: forward+backward (B = 1, Dh = 64, C = 8, dilation 8), median of ``--reps``, against
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from regulargpt.model import reference_sliding_dilated_attention, sliding_dilated_attention  # noqa: E402
+from regulargpt.model.sliding_dilated import algorithms_on  # noqa: E402
 from regulargpt.peak import datasheet_bandwidth  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -95,6 +98,18 @@ def _error(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.double().cpu() - want).abs().max().item() / max(1.0, want.abs().max().item())
 
 
+def _unsupported(algorithm: str, device: str) -> bool:
+    """A known algorithm that `algorithms_on` does not list for the device type (an unknown name is not: it is
+    reported by the call itself)."""
+    known = set(algorithms_on("cpu")) | set(algorithms_on("cuda")) | {"triton"}
+    return algorithm in known and algorithm not in algorithms_on(torch.device(device).type)
+
+
+def _algorithms(arg: str, device: str) -> list[str]:
+    """`--algorithms`: "device" → every algorithm that runs on the device; else the comma-separated names."""
+    return algorithms_on(torch.device(device).type) if arg == "device" else arg.split(",")
+
+
 def _check_one(algorithm: str, device: str, dtype: str, t: int, heads: int, c: int, dilation: int) -> tuple[str, str]:
     """One case → (table row, "ok" | "FAIL" | "error" | "unknown")."""
     # the reference sees the inputs rounded to `dtype`, so the error is the kernel's, not the inputs' rounding (in
@@ -125,6 +140,9 @@ def check(device: str, algorithms: list[str], t: int, heads: int) -> tuple[list[
             "|---|---|---|---|---|---|"]
     ok = True
     for algorithm in algorithms:
+        if _unsupported(algorithm, device):
+            rows.append(f"| {algorithm} | – | – | – | – | skipped (does not run on {device}) |")
+            continue
         cases = [(dtype, c, dilation) for dtype in DTYPES for c, dilation in ((2, 1), (8, 8), (4, 64))]
         for dtype, c, dilation in cases:
             row, status = _check_one(algorithm, device, dtype, t, heads, c, dilation)
@@ -177,6 +195,9 @@ def bench(device: str, algorithms: list[str], lengths: list[int], heads: int, dt
         dout = torch.randn_like(q)
         floor_bytes = 8 * q.numel() * q.element_size()
         for name in [*algorithms, "sdpa-causal"]:
+            if _unsupported(name, device):
+                lines.append(f"| {t} | {name} | skipped (does not run on {device}) | – | – |")
+                continue
             if name == "sdpa-causal":
                 step = lambda: _sdpa_step(q, k, v, dout)  # noqa: E731
             else:
@@ -267,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--device", default="cuda")
         s.add_argument("--out", type=Path, required=True)
         if name in ("check", "bench"):
-            s.add_argument("--algorithms", default="triton,cpp,blocked,shift")
+            s.add_argument("--algorithms", default="device")
             s.add_argument("--heads", type=int, default=12)
         if name == "check":
             s.add_argument("--length", type=int, default=1000)
@@ -288,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "data":
         write_random_data(args.out, args.vocab, args.tokens)
         return 0
-    names = args.algorithms.split(",") if args.command in ("check", "bench") else []
+    names = _algorithms(args.algorithms, args.device) if args.command in ("check", "bench") else []
     if args.command == "check":
         rows, ok = check(args.device, names, args.length, args.heads)
         _write(args.out, f"Kernels against the fp64 dense reference on {args.device}", rows)

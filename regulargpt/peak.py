@@ -3,8 +3,8 @@
     flops, source = cached_peak("cpu", "bf16", threads=2)   # FLOP/s of one process, and how it was obtained
     flops = measure_peak("cpu", "fp32", threads=1)          # measure now, ignoring the cache
 
-:func:`measure_peak` takes the best of back-to-back triples of square products (2048² on CPU, 8192² on CUDA) over
-`seconds` (3 s by default): a time budget, not a count, because the first products run slow (bf16 matrix units
+:func:`measure_peak` takes the best of back-to-back triples of square products (2048² on CPU, 8192² on CUDA; smaller
+where a triple would take over a quarter of the budget) over `seconds` (3 s by default): a time budget, not a count, because the first products run slow (bf16 matrix units
 warming up) and a shared machine's speed varies. On this 2-core shared CPU single 0.15 s measurements of the bf16
 peak ranged 700–2,150 GFLOP/s; the best over 3 s 2.0–2.15 TFLOP/s (fp32: 295–321 GFLOP/s).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -84,30 +85,54 @@ def _size(device: str) -> int:
     return 8192 if device.startswith("cuda") else 2048
 
 
-def measure_peak(device: str, dtype: str, threads: int, seconds: float = 3.0) -> float:
-    """Best FLOP/s of back-to-back triples of square matmuls in `dtype` over `seconds`, with `threads` CPU threads."""
+def measure_peak(device: str, dtype: str, threads: int, seconds: float = 3.0,
+                 matmul: Callable[[torch.Tensor, torch.Tensor], object] = torch.matmul) -> float:
+    """Best FLOP/s of back-to-back triples of square matmuls in `dtype` over about `seconds`, with `threads` CPU
+    threads (`matmul`: the product timed; tests pass a slow fake). See :func:`_measure` for the bound."""
+    return _measure(device, dtype, threads, seconds, matmul)[0]
+
+
+def _measure(device: str, dtype: str, threads: int, seconds: float,
+             matmul: Callable[[torch.Tensor, torch.Tensor], object]) -> tuple[float, int]:
+    """→ (best FLOP/s, the side n it was measured at). Bounded in time whatever the dtype's speed here: one product
+    at n = 256 first predicts a triple's time at any n (∝ n³), so the size is the largest power of two up to
+    `_size(device)` whose triple is predicted to take at most a quarter of `seconds`, and no triple starts that
+    is predicted to end after the deadline. Without the probe, bf16 on a CPU without native bf16 (AVX2 only: a few
+    GFLOP/s) spent minutes on the first 2048² triple alone; a machine with fast bf16 still measures at 2048²."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     cuda = device.startswith("cuda")
-    n = _size(device)
-    a, b = (torch.randn(n, n, device=device, dtype=_DTYPES[dtype]) for _ in range(2))
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
+    def timed(a: torch.Tensor, b: torch.Tensor, reps: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(reps):
+            matmul(a, b)
+        sync()
+        return time.perf_counter() - start
+
     try:
-        best, end = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            sync()
-            start = time.perf_counter()
-            for _ in range(3):
-                a @ b
-            sync()
-            best = max(best, 3 * 2 * n**3 / (time.perf_counter() - start))
+        deadline = time.perf_counter() + seconds
+        n = _PROBE
+        probe = timed(*(torch.randn(n, n, device=device, dtype=_DTYPES[dtype]) for _ in range(2)), 1)
+        while 2 * n <= _size(device) and 3 * probe * (2 * n / _PROBE) ** 3 <= seconds / 4:
+            n *= 2
+        a, b = (torch.randn(n, n, device=device, dtype=_DTYPES[dtype]) for _ in range(2))
+        triple = 3 * probe * (n / _PROBE) ** 3  # predicted, then the last one measured
+        best = 0.0
+        while best == 0.0 or time.perf_counter() + triple <= deadline:
+            triple = timed(a, b, 3)
+            best = max(best, 3 * 2 * n**3 / triple)
     finally:
         torch.set_num_threads(before)
-    return best
+    return best, n
+
+
+_PROBE = 256  # the side of the first, timing product of _measure
 
 
 def _read_cache() -> dict[str, dict[str, object]]:
@@ -143,6 +168,6 @@ def cached_peak(device: str, dtype: str, threads: int | None = None, seconds: fl
     flops = entry.get("flops") if isinstance(entry, dict) else None
     if isinstance(flops, (int, float)) and flops > 0:
         return float(flops), f"cached in {cache_path()}"
-    flops = measure_peak(device, dtype, threads, seconds)
-    raise_peak(key, flops, f"best {_size(device)}² matmul triple over {seconds:g} s")
+    flops, n = _measure(device, dtype, threads, seconds, torch.matmul)
+    raise_peak(key, flops, f"best {n}² matmul triple over {seconds:g} s")
     return flops, f"measured over {seconds:g} s, cached in {cache_path()}"

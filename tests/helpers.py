@@ -53,8 +53,15 @@ TINY = [
 ZERO3 = ["train.zero_stage=3", "train.precision=bf16", "train.activation_checkpointing=true"]
 
 
+# Plots are optional (regulargpt/evaluation/plotting.py): without matplotlib (the GPU image) no PNG is written.
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
 def run_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
+    """The environment of a child process: this checkout first on PYTHONPATH, then what was there (the packages
+    eval/gpu_check.sh installs beside an image, e.g.)."""
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=path)
     env.update(extra)
     return env
 

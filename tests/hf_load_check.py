@@ -55,7 +55,7 @@ with torch.no_grad():
             cached = model(ids)
             row[name] = cached.logits
             row[name + "_no_cache"] = model(ids, use_cache=False).logits
-            row[name + "_cache"] = type(cached.cache).__name__
+            row[name + "_cache"] = type(getattr(cached, "cache", getattr(cached, "past_key_values", None))).__name__
         prompt = tok(request["prompt"], return_tensors="pt")
         row["generated"] = model.generate(**prompt, do_sample=False, max_new_tokens=40)[0].tolist()
         row["loglikelihood"] = [loglikelihood(model, tok, c, x) for c, x in request["pairs"]]

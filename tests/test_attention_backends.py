@@ -96,3 +96,42 @@ def test_score_mod_gradients_match_the_explicit_path_in_fp64(name):
     assert torch.allclose(flex_like, explicit, rtol=1e-6, atol=1e-6)
     for g1, g2 in zip(got, want):
         assert torch.allclose(g1, g2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_flex_build_failure_under_an_outer_compile_is_retried_with_small_tiles(monkeypatch):
+    """issue 39 §6: under train.compile the biased baselines' FlexAttention call sat inside the outer compiled graph,
+    so a kernel that failed to build (Triton shared memory on an H200) was raised by the outer compile, past the
+    except and the small-tile retry. A backend that refuses flex_attention with the default tiles ("out of
+    resource", as inductor did) compiles both the outer function and FlexAttention: the outer graph must not hold
+    the flex call, the retry must take the small tiles, and the output must equal the chunked path."""
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from regulargpt.model import dense_attention, flex_sliding
+
+    seen: list[object] = []
+
+    def picky(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        for node in gm.graph.nodes:
+            if node.target is flex_hop:
+                options = next(a for a in node.args if isinstance(a, dict))  # kernel_options (with torch's defaults)
+                seen.append(options.get("BLOCK_M"))
+                if options.get("BLOCK_M") != flex_sliding._SMALL_TILES["BLOCK_M"]:
+                    raise RuntimeError("out of resource: shared memory, Required: 245760 Hardware limit: 232448")
+        return gm.forward
+
+    monkeypatch.setattr(flex_sliding, "_kernel_options", None)
+    monkeypatch.setattr(flex_sliding, "_compiled_flex", lambda: torch.compile(flex_attention, backend=picky,
+                                                                              dynamic=False))
+    monkeypatch.setattr(dense_attention, "attention_backend", lambda *args: "flex")
+    monkeypatch.setattr(dense_attention, "_flex_failed", [])
+    torch._dynamo.reset()
+    bias = _bias("alibi", 2).float()
+    q, k, v = torch.randn(3, 1, 2, 16, 8).unbind(0)
+    with torch.no_grad():
+        out = torch.compile(lambda q, k, v: causal_attention(q, k, v, bias) * 2, backend=picky)(q, k, v)
+    monkeypatch.setattr(dense_attention, "attention_backend", lambda *args: "chunked")
+    want = causal_attention(q, k, v, bias) * 2
+    torch._dynamo.reset()
+    assert dense_attention._flex_failed == [] and seen[-1] == 64 and None in seen, (seen, dense_attention._flex_failed)
+    assert torch.allclose(out, want, atol=1e-5)

@@ -96,7 +96,7 @@ def test_json_object_reads_an_object_and_names_a_missing_file(tmp_path: Path) ->
 
 
 def test_plots_are_written_atomically_with_the_bytes_savefig_writes(tmp_path: Path) -> None:
-    import matplotlib
+    matplotlib = pytest.importorskip("matplotlib", reason="plots are optional; this checks how they are written")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -20,20 +20,26 @@ def test_gpu_check_runs_every_step_on_cpu(tmp_path):
     proc = subprocess.run(["bash", "eval/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1200)  # above the sum of the CPU caps (eval/gpu_check.sh)
     summary = (out / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["env", "correctness", "kernels", "train", "eval", "profile"]
+    assert [line.split(":")[0] for line in summary] == ["env", "correctness", "train", "baselines", "kernels", "eval",
+                                                        "profile"]
     assert proc.returncode == 0, summary + [proc.stdout[-3000:]]
     correctness = (out / "correctness.md").read_text()
-    assert correctness.count("| ok |") == 3 * 6 and "FAIL" not in correctness  # cpp, blocked, shift: 2 dtypes × 3
+    assert correctness.count("| ok |") == 3 * 6 and "FAIL" not in correctness  # cpp, shift, blocked: 2 dtypes × 3
     assert all(f"| {name} |" in correctness for name in ("cpp", "blocked", "shift"))
     kernels = (out / "kernels.md").read_text()
     assert all(f"| 4096 | {name} | " in kernels for name in ("blocked", "shift", "sdpa-causal"))
+    assert "| 4096 | triton | skipped (does not run on cpu) |" in kernels
     train_log = (out / "train.log").read_text()
     assert "stop requested (signal SIGTERM)" in train_log and "resuming at step" in train_log
-    runs = {path.stem: [json.loads(x) for x in path.read_text().splitlines()] for path in (out / "train").iterdir()}
-    assert set(runs) == {"regular_gpt", "alibi", "rope"}  # (compile: COMPILED=regular_gpt; off here for time)
-    assert all(rows[-1]["step"] == 40 for rows in runs.values())
-    assert "| regular_gpt | 40 | " in train_log and "| 1 | " in train_log  # the throughput table, the plan's row
-    assert (out / "extrapolate" / "results.jsonl").is_file()
+    runs = {f"{path.parent.name}/{path.stem}": [json.loads(x) for x in path.read_text().splitlines()]
+            for folder in ("train", "baselines") for path in (out / folder).iterdir()}
+    assert set(runs) == {"train/regular_gpt", "baselines/alibi", "baselines/t5", "baselines/kerple_log",
+                         "baselines/rope"}  # (compile: COMPILED=regular_gpt; off here for time)
+    assert runs["train/regular_gpt"][-1]["step"] == 40 and runs["baselines/t5"][-1]["step"] == 20
+    assert "| regular_gpt | 40 | " in (out / "train.md").read_text() and "| 1 | " in train_log  # the plan's row
+    assert "| kerple_log | 20 | " in (out / "baselines.md").read_text()
+    assert {row["length"] for row in map(json.loads, (out / "extrapolate" / "results.jsonl").open())} == {
+        32, 64, 128, 256, 512}  # to 16× the training length
     assert "tokens/s" in (out / "generate.md").read_text() and "self time" in (out / "profile.md").read_text()
 
 
@@ -46,3 +52,27 @@ def test_the_shipped_wheels_cover_deepspeeds_runtime_imports(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.strip().splitlines()[-1] in ("none", "nothing to install")
+
+
+def test_the_correctness_step_takes_the_algorithms_that_run_on_the_device(monkeypatch):
+    """issue 39 §1: on CUDA the check ran the CPU-only C++ operator ("CPU tensors expected", 6 error rows). The
+    algorithms come from the registry by device; a CPU-only one asked for on CUDA is a skipped row, not an error,
+    and never reaches a kernel (this machine has no CUDA, so running it would raise)."""
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gpu_steps
+
+    from regulargpt.model.sliding_dilated import algorithms_on
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert algorithms_on("cuda") == ["triton", "shift", "blocked", "flex"]
+    assert algorithms_on("cpu") == ["cpp", "shift", "blocked"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert algorithms_on("cpu") == ["cpp", "triton", "shift", "blocked"]
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert gpu_steps._algorithms("device", "cuda:0") == ["triton", "shift", "blocked", "flex"]
+    rows, ok = gpu_steps.check("cuda", ["cpp"], 8, 1)
+    assert ok and rows[2:] == ["| cpp | – | – | – | – | skipped (does not run on cuda) |"]
+    rows, ok = gpu_steps.check("cpu", ["flex", "no_such"], 8, 1)  # an unknown name is still its own row
+    assert ok and "skipped (does not run on cpu)" in rows[2] and "unknown algorithm" in rows[3]
+    script = (ROOT / "eval/gpu_check.sh").read_text()
+    assert "--algorithms device" in script and "cpp,blocked,shift" not in script

@@ -43,6 +43,11 @@ DENSE = [p for p in typing.get_args(Position) if p != "xl_relative"]
 REGULAR = ["adaptive", "train", "per_position"]
 
 
+def _cache(out: object) -> object:
+    """The cache an output carries: its field is `cache` in transformers 5.25, `past_key_values` in 5.17."""
+    return getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
+
+
 def _save_run(root: Path, data_dir: Path, **model: object) -> Path:
     """A run directory (resolved config + model.pt) of an untrained model whose data is the prepared folder."""
     cfg = load_config_dict({"model": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "chunk_size": 2, "thickness": 2,
@@ -213,11 +218,11 @@ def test_right_padding_gives_each_rows_own_logits_and_left_padding_is_refused(da
         mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
         with torch.no_grad():
             out = model(ids, attention_mask=mask)
-            assert out.cache is None  # a padded batch is scored without a cache
+            assert _cache(out) is None  # a padded batch is scored without a cache
             assert torch.allclose(out.logits[1, :5], model.model(ids[1:, :5])[0], atol=1e-6)
             assert torch.allclose(out.logits[0], model.model(ids[:1])[0], atol=1e-6)
             with pytest.raises(ValueError, match="cannot continue from a cache"):
-                model(ids[:, -1:], attention_mask=mask, cache=model(ids).cache)
+                model(ids[:, -1:], attention_mask=mask, cache=_cache(model(ids)))
 
 
 def test_labels_give_the_shifted_next_token_loss_with_gradients() -> None:
@@ -229,7 +234,7 @@ def test_labels_give_the_shifted_next_token_loss_with_gradients() -> None:
     ids = torch.randint(0, 64, (2, 7))
     out = model(ids, labels=ids)
     want = torch.nn.functional.cross_entropy(model.model(ids)[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
-    assert torch.allclose(out.loss, want, atol=1e-6) and out.cache is None
+    assert torch.allclose(out.loss, want, atol=1e-6) and _cache(out) is None
     out.loss.backward()
     assert model.model.embed.table.weight.grad is not None
 
@@ -245,7 +250,7 @@ def test_generate_decodes_through_our_cache_and_refuses_beam_search() -> None:
                                                    eos_token_id=2, pad_token_id=3)).eval()
     ids = torch.randint(4, 64, (1, 5))
     out = model.generate(ids, do_sample=False, max_new_tokens=6, return_dict_in_generate=True)
-    assert isinstance(out.cache, DecoderCache) and out.cache.get_seq_length() == out.sequences.shape[1] - 1
+    assert isinstance(_cache(out), DecoderCache) and _cache(out).get_seq_length() == out.sequences.shape[1] - 1
     assert model.generate(ids, do_sample=True, num_return_sequences=3, max_new_tokens=6).shape[0] == 3
     with pytest.raises(GenerationError, match="beam search"):
         model.generate(ids, num_beams=2, do_sample=False, max_new_tokens=6)
@@ -347,3 +352,29 @@ def test_leftovers_of_killed_exports_go_at_the_next_start_and_a_set_aside_export
     (run / "hf").rename(run / ".hf.old")  # killed after setting the earlier export aside, before the new one moved in
     _recover(run / "hf")
     assert (run / "hf" / "config.json").is_file() and not (run / ".hf.old").exists()
+
+
+def test_the_cache_field_is_read_off_the_output_class_not_the_version() -> None:
+    """transformers 5.17's CausalLMOutputWithPast names the cache `past_key_values`, 5.25's `cache` (issue 39 §3:
+    `cache=` raised TypeError under 5.17). Fake output classes with either field, and the installed one."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from regulargpt.hf.modeling import cache_field
+
+    @dataclasses.dataclass
+    class Old:
+        loss: object = None
+        logits: object = None
+        past_key_values: object = None
+
+    @dataclasses.dataclass
+    class New:
+        loss: object = None
+        logits: object = None
+        cache: object = None
+
+    assert cache_field(Old) == "past_key_values" and cache_field(New) == "cache"
+    names = {field.name for field in dataclasses.fields(CausalLMOutputWithPast)}
+    assert cache_field() in names  # the installed transformers, whichever release it is
+    out = CausalLMOutputWithPast(logits=torch.zeros(1), **{cache_field(): "the cache"})
+    assert _cache(out) == "the cache"

@@ -54,13 +54,31 @@ def test_peak_is_measured_once_per_machine_then_cached_and_only_raised(tmp_path:
     assert flops > 0 and how.startswith("measured over 0.05 s")
     key = peak.machine_key("cpu", "fp32", 1)
     assert "| cpu | fp32 | 1 threads" in key and json.loads(cache.read_text())[key]["flops"] == flops
-    monkeypatch.setattr(peak, "measure_peak", lambda *a: pytest.fail("measured again instead of using the cache"))
+    monkeypatch.setattr(peak, "_measure", lambda *a: pytest.fail("measured again instead of using the cache"))
     assert peak.cached_peak("cpu", "fp32", threads=1) == (flops, f"cached in {cache}")
     peak.raise_peak(key, flops / 2, "slower")  # never lowered
     peak.raise_peak(key, flops * 2, "faster")
     assert peak.cached_peak("cpu", "fp32", threads=1)[0] == flops * 2
     monkeypatch.setenv(peak.PEAK_ENV, "5e9")
     assert peak.cached_peak("cpu", "fp32", threads=1) == (5e9, peak.PEAK_ENV)
+
+
+def test_the_peak_measurement_is_bounded_in_time_on_a_slow_matmul() -> None:
+    """issue 39 §7: bf16 on an AVX2-only CPU ran a few GFLOP/s, and the first 2048² triple alone took minutes. A fake
+    matmul at 1 GFLOP/s (a 2048² triple: 3·2·2048³/1e9 = 52 s) is measured within the budget, at the size whose
+    triple fits a quarter of it (1 s: 3·2·n³/1e9 ≤ 0.25 → n = 256; 512 would take 0.8 s), at the fake's rate."""
+    rate = 1e9
+
+    def slow(a: torch.Tensor, b: torch.Tensor) -> None:
+        time.sleep(2 * a.shape[0] ** 3 / rate)
+
+    start = time.perf_counter()
+    flops, n = peak._measure("cpu", "bf16", 1, 1.0, slow)
+    elapsed = time.perf_counter() - start
+    assert n == 256 and elapsed < 1.6, (n, elapsed)
+    assert 0.7 * rate < flops <= rate  # sleep overshoots a little, never undershoots
+    fast_n = peak._measure("cpu", "fp32", 1, 1.0, lambda a, b: None)[1]
+    assert fast_n == 2048  # a fast product is still measured at the full size
 
 
 # ---------------------------------------------------------------------------------------------- submitting sweeps

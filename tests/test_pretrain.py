@@ -163,6 +163,25 @@ def test_fp16_on_cpu_is_a_clear_error(data_dir, tmp_path, quiet_env):
         train(_cfg(data_dir, "train.precision=fp16"), tmp_path / "run")
 
 
+def test_compile_with_zero3_and_bf16_is_refused_before_torch_2_13(data_dir, tmp_path, quiet_env, monkeypatch):
+    """torch 2.11 trained this combination with wrong gradients (issue 39 §4): refused in one line naming the
+    versions, before any data is read; the other stages, fp32 and torch 2.13 pass the check."""
+    from regulargpt.train import TrainError, train
+    from regulargpt.train.engine import check_compile
+
+    risky = ("train.compile=true", "train.zero_stage=3", "train.precision=bf16")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    with pytest.raises(TrainError, match=r"train.compile=true with train.zero_stage=3 .* torch 2.11.0\+cu130 .*"
+                                         r"torch >= 2.13"):
+        train(_cfg(data_dir, *risky), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    for version, sets in (("2.13.0", risky), ("2.14.1+cu130", risky), ("2.11.0", (*risky[:2], "train.precision=fp32")),
+                          ("2.11.0", (risky[0], "train.zero_stage=2", risky[2])), ("2.12.0", risky[1:])):
+        check_compile(_cfg(data_dir, *sets), version)  # no error
+    with pytest.raises(TrainError, match="torch 2.12.0"):
+        check_compile(_cfg(data_dir, *risky), "2.12.0")
+
+
 def test_vocab_mismatch_is_a_clear_error(data_dir, tmp_path, quiet_env):
     from regulargpt.train import TrainError, train
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import HAS_MATPLOTLIB
 from slurm_cluster import job_info, slurm, wait_job  # noqa: F401 (slurm: the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,4 +80,5 @@ def test_sweep_through_submit_py_preempted_once_requeued_and_completed(slurm, tm
     cmp = wait_job(slurm, compare_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=120)
     sweep = tmp_path / "eval" / "sweep"
     assert cmp["JobState"] == "COMPLETED", "".join(p.read_text() for p in sweep.glob("compare-*.out"))[-3000:]
-    assert (sweep / "comparison" / "table.md").is_file() and (sweep / "comparison" / "ppl_vs_length.png").is_file()
+    assert (sweep / "comparison" / "table.md").is_file()
+    assert (sweep / "comparison" / "ppl_vs_length.png").is_file() or not HAS_MATPLOTLIB

@@ -188,3 +188,24 @@ def test_public_dispatch_by_name_runs_the_triton_kernel() -> None:
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64, device=DEVICE)
     with pytest.raises(ValueError, match="fp64 runs on 'cpp', 'shift' or 'blocked'"):
         sliding_dilated_attention(q, q, q, torch.zeros(2, 2, device=DEVICE), 1, algorithm="triton")
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the interpreted kernel is the one torch 2.11's wrap_triton rejects")
+def test_the_kernel_runs_where_wrap_triton_rejects_interpreted_kernels(monkeypatch) -> None:
+    """torch 2.11's wrap_triton raises for anything but a JITFunction/Autotuner (issue 39 §5); with it in place the
+    interpreted kernel still matches the dense reference (launched directly, as torch 2.13's wrap_triton would)."""
+    import triton
+
+    from regulargpt.kernels import sliding_dilated_triton
+
+    def wrap_triton_2_11(kernel):
+        if not isinstance(kernel, (triton.JITFunction, triton.runtime.Autotuner)):
+            raise RuntimeError("wrap_triton only works on functions annotated with triton.jit or triton.autotune")
+        return kernel
+
+    monkeypatch.setattr(sliding_dilated_triton, "wrap_triton", wrap_triton_2_11)
+    leaves = _leaves(1, 11, 2, 4, 2, True)
+    dout = torch.randn(1, 11, 2, 4, device=DEVICE)
+    got = _outputs_and_grads(lambda: triton_sliding_dilated_attention(*leaves[:4], 2, *leaves[4:]), leaves, dout)
+    want = _outputs_and_grads(lambda: _reference(*leaves[:4], 2, *leaves[4:]), leaves, dout)
+    _assert_close(got, want, 1e-5)

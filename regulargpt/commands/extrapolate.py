@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if rank == 0:
         rows = load_rows(Path(args.out) / "results.jsonl")
-        write_report(rows, args.out, command)
-        print(f"wrote {args.out}/results.jsonl, table.md, ppl_vs_length.png, loss_vs_position.png\n")
+        written = write_report(rows, args.out, command)
+        print(f"wrote {args.out}/results.jsonl, {', '.join(written)}\n")
         print(console_tables(rows), flush=True)
     return 0
 

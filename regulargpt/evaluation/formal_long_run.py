@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from regulargpt.evaluation.plotting import pyplot
 from regulargpt.files import atomic_savefig
 
 __all__ = ["curve_table", "standing_lines", "plot_curves"]
@@ -53,10 +54,9 @@ def standing_lines(curves: dict[str, list[dict[str, Any]]], target: int, measure
 def plot_curves(curves: dict[str, list[dict[str, Any]]], path: Path, title: str,
                 ylabel: str = "held-out accuracy (lengths 41–500)") -> None:
     """The checked score against steps, one line per curve, 0.99 marked; written atomically as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in curves.items():

@@ -11,6 +11,8 @@ configs are equal except for the seed (``variant`` in each result row, with the 
 * ``ppl_vs_length.png``: log2 x axis, log y axis, one line per model (mean over seeds) and a min–max seed band;
 * ``loss_vs_position.png``: one panel per model, mean NLL per octave of window position, one line per length.
 
+The plots need matplotlib; without it they are skipped with one line and the table is written all the same.
+
 Example::
 
     rows = load_rows("results/lm/results.jsonl")
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from regulargpt.evaluation.plotting import pyplot, skipped_plots
 from regulargpt.files import atomic_savefig, atomic_write_text, read_jsonl
 from regulargpt.provenance import provenance, report_head
 
@@ -188,8 +191,9 @@ def markdown_table(group: dict[str, Any]) -> str:
 
 
 def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: str = "Perplexity vs evaluation length",
-                 extra: str = "") -> None:
-    """Write table.md, ppl_vs_length.png and loss_vs_position.png into `out_dir` from the rows."""
+                 extra: str = "") -> list[str]:
+    """Write table.md, ppl_vs_length.png and loss_vs_position.png into `out_dir` from the rows → the names written
+    (the plots only with matplotlib installed: `regulargpt.evaluation.plotting`)."""
     out_dir = Path(out_dir)
     prov = provenance(command)
     groups = aggregate(rows)
@@ -205,8 +209,10 @@ def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: 
                  f"length in bold. Column headers: evaluation length (multiple of the training length).")
         parts += [f"## {dataset} · {split} split · {protocol}", "", intro, "", markdown_table(g), ""]
     atomic_write_text(out_dir / "table.md", "\n".join(parts).rstrip() + "\n")
-    plot_ppl_vs_length(rows, out_dir / "ppl_vs_length.png")
-    plot_loss_vs_position(rows, out_dir / "loss_vs_position.png")
+    plots = [out_dir / "ppl_vs_length.png", out_dir / "loss_vs_position.png"]
+    plot_ppl_vs_length(rows, plots[0])
+    plot_loss_vs_position(rows, plots[1])
+    return ["table.md", *(path.name for path in plots if str(path) not in skipped_plots())]
 
 
 def console_tables(rows: Sequence[Row]) -> str:
@@ -214,15 +220,6 @@ def console_tables(rows: Sequence[Row]) -> str:
     ``dataset · split · protocol`` heading and :func:`markdown_table` per group."""
     return "\n\n".join(f"{dataset} · {split} split · {protocol} (perplexity, mean ± std over seeds)\n"
                        + markdown_table(g) for (dataset, split, protocol), g in aggregate(rows).items())
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _save(fig: Any, path: Path) -> None:
@@ -242,7 +239,9 @@ def _plain_ticks(ax: Any, lengths: list[int]) -> None:
 
 def plot_ppl_vs_length(rows: Sequence[Row], path: str | Path) -> None:
     """Mean ppl per model against length (log2 x, log y), min–max over seeds as a band; one panel per group."""
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return
     groups = aggregate(rows)
     fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(6.5 * max(1, len(groups)), 4.5), squeeze=False)
     for ax, ((dataset, split, protocol), g) in zip(axes[0], groups.items()):
@@ -296,7 +295,9 @@ def _position_curves(rows: Sequence[Row], group: tuple[str, str, str],
 def plot_loss_vs_position(rows: Sequence[Row], path: str | Path) -> None:
     """Per model, mean NLL per octave of window position (octaves with >= 64 scored tokens), one line per evaluation
     length: where a model breaks."""
-    plt = _pyplot()
+    plt = pyplot(path)
+    if plt is None:
+        return
     groups = list(aggregate(rows).items())
     curves = [(key, g, _position_curves(rows, key)) for key, g in groups]
     ncols = max(1, max((len(g["models"]) for _, g in groups), default=1))

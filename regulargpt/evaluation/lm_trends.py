@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from regulargpt.evaluation.lm_findings import Summary, _ms
+from regulargpt.evaluation.plotting import pyplot
 from regulargpt.files import atomic_savefig
 
 __all__ = ["GapFit", "budget_markdown", "fit_gap_trend", "gap_table", "plot_gap_vs_tokens", "plot_ppl_by_budget"]
@@ -141,10 +142,9 @@ def plot_gap_vs_tokens(table: dict[Key, Summary], budgets: dict[int, str], model
                        train_length: int, predict_at: int, path: str | Path) -> None:
     """Per-seed gaps to `reference` at 1× against training tokens (log x), their means, and each fitted line
     extended (dashed) to `predict_at`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for model in models:
@@ -176,10 +176,9 @@ def plot_gap_vs_tokens(table: dict[Key, Summary], budgets: dict[int, str], model
 def plot_ppl_by_budget(table: dict[Key, Summary], budgets: dict[int, str], models: Sequence[str],
                        lengths: Sequence[int], path: str | Path) -> None:
     """One panel per budget: mean ppl against evaluation length for every (model, depth policy) at that budget."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
     from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, len(budgets), figsize=(5 * len(budgets), 4.2), squeeze=False, sharey=True)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from regulargpt.config import Config, FormalConfig
 from regulargpt.evaluation.probes import input_gradient_norms
+from regulargpt.evaluation.plotting import pyplot
 from regulargpt.files import atomic_savefig, atomic_write_text
 from regulargpt.tasks import make_task
 
@@ -105,10 +106,9 @@ def write_csv(rf: ReceptiveField, path: str | Path) -> None:
 
 def plot_receptive_field(rf: ReceptiveField, path: str | Path, title: str) -> None:
     """Two panels over input position: the cumulative curve c̄ (with the diagonal of uniform dependence) and n̄."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     t = len(rf.cumulative)
     pos = np.arange(t)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from regulargpt.evaluation.probes import span_transitions, tree_spans, tree_states
+from regulargpt.evaluation.plotting import pyplot
 from regulargpt.files import atomic_savefig
 from regulargpt.model import RegularGPTClassifier
 
@@ -193,10 +194,9 @@ def cluster_depth_steps(model: RegularGPTClassifier, task: str, tokens: Tensor, 
 def plot_steps(results: list[tuple[StepClusters, Tensor, Tensor]], path: str | Path, title: str,
                max_drawn: int = 3000) -> None:
     """A grid of 2-D PCA scatter plots, one panel per depth step plus the pooled one, coloured by true transition."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     cols = min(4, len(results))
     rows = -(-len(results) // cols)

@@ -8,7 +8,8 @@ adds the ``transformers`` calling convention and nothing to the network:
 * ``forward(input_ids, labels=None)`` → ``CausalLMOutputWithPast`` with fp32 logits (B, T, V) equal to
   ``self.model(input_ids)``, and the shifted next-token loss when `labels` are given (-100 = ignored);
 * ``use_cache`` (the config's default: on) outside autograd: the logits come from one of our cached decoders
-  (:mod:`regulargpt.generation`) and ``outputs.cache`` is a :class:`~regulargpt.hf.cache.DecoderCache`, which
+  (:mod:`regulargpt.generation`) and ``outputs.cache`` (``outputs.past_key_values`` in transformers 5.17: whichever
+  field ``CausalLMOutputWithPast`` has, :func:`cache_field`) is a :class:`~regulargpt.hf.cache.DecoderCache`, which
   ``generate`` hands back with the next token only: under ``depth_policy="train"`` a RegularGPT decodes in constant
   time and memory per token. ``past_key_values`` is accepted as the older name of ``cache``;
 * ``attention_mask`` with padding on the right (a batch of unequal lengths; padded positions get meaningless logits)
@@ -22,6 +23,7 @@ Choose RegularGPT's depth policy at load time (same weights)::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -31,6 +33,13 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from regulargpt.generation import make_decoder
 from regulargpt.hf.cache import DecoderCache
+
+
+def cache_field(output_class: type = CausalLMOutputWithPast) -> str:
+    """The field of `output_class` that carries the cache, read off its dataclass fields (not the version string):
+    "cache" in transformers 5.25, "past_key_values" in 5.17 (and in an output class with neither, "cache")."""
+    names = {field.name for field in dataclasses.fields(output_class)}
+    return "past_key_values" if "past_key_values" in names and "cache" not in names else "cache"
 from regulargpt.hf.configuration import RegularGPTConfig
 from regulargpt.model import build_model
 
@@ -123,7 +132,7 @@ class RegularGPTForCausalLM(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits.float(), cache=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits.float(), **{cache_field(): cache})
         use_dict = self.config.return_dict if return_dict is None else return_dict
         return out if use_dict else out.to_tuple()
 

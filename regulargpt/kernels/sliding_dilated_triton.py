@@ -27,7 +27,8 @@ partial sums (B, H, blocks, C or Dh) reduced once by torch, so a rerun is bit-id
 
 Registered as `torch.ops.regulargpt.sliding_dilated_triton` with `torch.library.triton_op` + `wrap_triton` and its
 autograd (a second triton_op for the backward), so torch.compile and CUDA graphs capture it. CPU tensors run only
-under Triton's interpreter (tests): `triton_op` and `wrap_triton` accept interpreted kernels (torch 2.13 here), but
+under Triton's interpreter (tests): `triton_op` accepts interpreted kernels, and `wrap_triton` hands them back
+unwrapped on torch 2.13 but rejects them on 2.11 (`_traceable` launches them directly there); in both cases
 TRITON_INTERPRET=1 must be set before triton is first imported, since it also decides at import whether triton's
 own @jit library functions (tl.sum among them) are interpreted; set later it breaks them, set in-process it changes
 every triton user after it. tests/test_kernel_triton.py therefore runs the cases in a child process. torch.compile
@@ -227,7 +228,22 @@ def _launch(kernel: triton.JITFunction, q: Tensor, grid: tuple[int, int], *args:
     if q.device.type != "cuda" and isinstance(kernel, triton.JITFunction):
         raise RuntimeError("triton_sliding_dilated_attention: CPU tensors run only under Triton's interpreter, with "
                            "TRITON_INTERPRET=1 set before triton is imported (tests); on CPU use the C++ kernel")
-    wrap_triton(kernel)[grid](*args, **meta)  # Triton's default num_warps = 4
+    _traceable(kernel)[grid](*args, **meta)  # Triton's default num_warps = 4
+
+
+def _traceable(kernel: object) -> object:
+    """``wrap_triton(kernel)`` where torch accepts the kernel, else the kernel itself (an interpreted one).
+
+    What wrap_triton accepts differs by release: torch 2.13 hands an interpreted kernel (TRITON_INTERPRET=1: an
+    ``InterpretedFunction``, not a ``JITFunction``) back unwrapped, torch 2.11 raises RuntimeError for anything but
+    ``JITFunction``/``Autotuner``. Launching the interpreted kernel directly is what 2.13 does; a compiled kernel that
+    wrap_triton rejects is a real error and is raised."""
+    try:
+        return wrap_triton(kernel)
+    except RuntimeError:
+        if isinstance(kernel, (triton.JITFunction, triton.runtime.Autotuner)):
+            raise
+        return kernel
 
 
 def _block(device: torch.device, head_block: int, register_tiles: int) -> int:

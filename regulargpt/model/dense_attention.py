@@ -136,7 +136,7 @@ def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn, compile
     mask (:func:`distance_table`). `compiled=False`: torch's eager implementation (its forward also runs on CPU)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from regulargpt.model.flex_sliding import _compiled_flex  # the one compiled flex_attention (static shapes)
+    from regulargpt.model.flex_sliding import run_compiled_flex  # the compiled flex_attention, small-tile retry
 
     length = q.shape[2]
     table = distance_table(bias, length, q.device)  # (H, T)
@@ -144,8 +144,24 @@ def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn, compile
     def score_mod(score: Tensor, b: Tensor, h: Tensor, m: Tensor, n: Tensor) -> Tensor:
         return score + table[h, (m - n).clamp(min=0)]  # above the diagonal: masked, any finite filler
 
-    attend = _compiled_flex() if compiled else flex_attention
+    attend = run_compiled_flex if compiled else flex_attention
     return attend(q, k, v, score_mod=score_mod, block_mask=_causal_block_mask(length, str(q.device)))
+
+
+@torch.compiler.disable
+def _flex_or_none(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn) -> Tensor | None:
+    """:func:`flex_causal_attention`, or None (and one warning; "chunked" for the rest of the process) when its
+    kernel does not build here. Outside any enclosing torch.compile (``train.compile``): the outer graph breaks here
+    and FlexAttention compiles on its own, so a kernel that fails to build (Triton shared memory, any inductor
+    error) is raised in this frame, retried with small tiles, then caught; inlined into the outer graph it would be
+    raised by the outer compile, past this except (issue 39 §6; tests/test_attention_backends.py injects one)."""
+    try:
+        return flex_causal_attention(q, k, v, bias)
+    except Exception as err:  # noqa: BLE001 (a kernel that does not build here, e.g. Triton shared memory)
+        _flex_failed.append(f"{type(err).__name__}: {str(err)[:300]}")
+        warnings.warn(f"FlexAttention failed ({_flex_failed[0]}); the biased baselines run the chunked path "
+                      f"in this process", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | CausalBias | None = None,
@@ -159,12 +175,9 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | CausalBias 
     first = tk - tq  # absolute position of the first query
     backend = attention_backend(q.device, tq, tk, bias is not None)
     if backend == "flex":
-        try:
-            return flex_causal_attention(q, k, v, bias.bias if isinstance(bias, CausalBias) else bias)
-        except Exception as err:  # noqa: BLE001 (a kernel that does not build here, e.g. Triton shared memory)
-            _flex_failed.append(f"{type(err).__name__}: {str(err)[:300]}")
-            warnings.warn(f"FlexAttention failed ({_flex_failed[0]}); the biased baselines run the chunked path "
-                          f"in this process", RuntimeWarning, stacklevel=2)
+        out = _flex_or_none(q, k, v, bias.bias if isinstance(bias, CausalBias) else bias)
+        if out is not None:
+            return out
     if bias is None:
         if tq == tk:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)

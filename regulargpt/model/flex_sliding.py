@@ -34,7 +34,7 @@ from torch import Tensor
 
 from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
-__all__ = ["band_block_mask", "flex_available", "flex_sliding_dilated_attention"]
+__all__ = ["band_block_mask", "flex_available", "flex_sliding_dilated_attention", "run_compiled_flex"]
 
 _BLOCK = 128  # FlexAttention's default tile, for query and key blocks alike
 # Smaller Triton tiles, taken for the rest of the process after the default ones ask for more shared memory than the
@@ -129,6 +129,20 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention, dynamic=False)
 
 
+def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Callable, block_mask: object) -> Tensor:
+    """The compiled flex_attention(q, k, v, score_mod, block_mask), retried once with `_SMALL_TILES` (kept for the
+    rest of the process) when the compiler's default tiles ask for more shared memory than the GPU has: the one
+    retry of both FlexAttention users (this module's sliding-dilated band, dense_attention's biased baselines)."""
+    global _kernel_options
+    try:
+        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
+    except Exception as error:  # noqa: BLE001  (inductor raises its own types; only resource errors retry)
+        if _kernel_options is not None or "out of resource" not in str(error):
+            raise
+        _kernel_options = dict(_SMALL_TILES)
+        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
+
+
 def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
                                    pad_k: Tensor | None = None, pad_v: Tensor | None = None,
                                    compile: bool = True) -> Tensor:
@@ -160,14 +174,7 @@ def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Te
     score_mod = _score_mod(rel_bias.to(torch.promote_types(q.dtype, torch.float32)), n, m, o, c)
     args = (qf.reshape(b, h, rows_q, dh), kf.reshape(b, h, rows_k, dh), vf.reshape(b, h, rows_k, dh))
     if compile:
-        global _kernel_options
-        try:
-            out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
-        except Exception as error:  # noqa: BLE001  (inductor raises its own types; only resource errors retry)
-            if _kernel_options is not None or "out of resource" not in str(error):
-                raise
-            _kernel_options = dict(_SMALL_TILES)
-            out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
+        out = run_compiled_flex(*args, score_mod=score_mod, block_mask=block_mask)
     else:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")

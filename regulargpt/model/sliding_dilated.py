@@ -33,6 +33,7 @@ blocked: plain torch ops; flex: FlexAttention's backward, CUDA only; cpp: its ow
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
 from typing import Literal
@@ -47,7 +48,7 @@ from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.dilation import fold_dilation, unfold_dilation
 
 __all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "adaptive_depth", "choose_algorithm",
-           "choose_band", "fused_algorithm", "autocast_inputs"]
+           "choose_band", "fused_algorithm", "autocast_inputs", "algorithms_on"]
 
 Algorithm = Literal["auto", "cpp", "triton", "shift", "blocked", "flex"]
 
@@ -344,6 +345,19 @@ _KERNELS: dict[str, Callable[..., Tensor]] = {"cpp": _run_cpp, "triton": _run_tr
                                               "shift": _folded(_band_shift), "blocked": _folded(_band_blocked)}
 _FUSED: dict[str, tuple[str, Callable[[], str | None]]] = {"cpu": ("cpp", sliding_dilated_cpp.build_error)}
 _FUSED_WARNED: set[str] = set()
+# algorithm → the device types where it runs forward and backward (None: every device). Triton's kernel also runs
+# CPU tensors under TRITON_INTERPRET=1 (tests); flex has no CPU backward.
+_DEVICES: dict[str, tuple[str, ...] | None] = {"cpp": ("cpu",), "triton": ("cuda",), "shift": None, "blocked": None,
+                                               "flex": ("cuda",)}
+
+
+def algorithms_on(device: str) -> list[str]:
+    """The algorithms with a forward and a backward on `device` ("cpu", "cuda", …), in registry order, e.g.
+    algorithms_on("cuda") == ["triton", "shift", "blocked", "flex"], algorithms_on("cpu") == ["cpp", "shift",
+    "blocked"] ("triton" too under TRITON_INTERPRET=1). Whether a listed one builds here is its own error to report."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return [name for name, devices in _DEVICES.items()
+            if devices is None or device in devices or (name == "triton" and device == "cpu" and interpreted)]
 
 
 def reference_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,

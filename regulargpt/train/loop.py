@@ -71,6 +71,7 @@ from regulargpt.train.export import export_model
 from regulargpt.train.engine import (
     TrainError,
     build_engine,
+    check_compile,
     check_deepspeed_config,
     check_precision,
     prepare_process_env,
@@ -332,6 +333,7 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None,
                             r"is deprecated", category=FutureWarning)
     env = prepare_process_env()
     check_precision(cfg)
+    check_compile(cfg)
     data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     if orphaned(parent_at_start):
         raise TrainError(f"the launcher that started this process (pid {parent_at_start}) has ended; nothing was "
