@@ -237,12 +237,16 @@ def _stop(cmd: list[str], run_dir: Path, after: int, send: Callable[[subprocess.
 
 
 def test_only_a_launcher_is_watched_and_a_rank_orphaned_during_start_up_is_told(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from regulargpt.train.stopping import launch_command, launcher_chain, orphaned
 
     assert launcher_chain() == []  # pytest's parent is no launcher: nothing to watch
     monkeypatch.setattr(sys, "argv", ["launch/pretrain.py", "--config", "a b.json", "--local_rank=0"])
+    (tmp_path / "python").symlink_to(sys.executable)  # `python` on PATH is this interpreter: printed as "python"
+    monkeypatch.setenv("PATH", str(tmp_path))
     assert launch_command([]) == "python launch/pretrain.py --config 'a b.json'"
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # another (or no) python on PATH: this one's full path
+    assert launch_command([]) == f"{sys.executable} launch/pretrain.py --config 'a b.json'"
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.delenv("CROSS_RANK", raising=False)
     assert not orphaned(os.getppid() + 1)  # plain python: the parent (a shell) may come and go

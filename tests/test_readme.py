@@ -68,6 +68,9 @@ TINY: dict[str, tuple[dict[str, str], list[str]]] = {
     shlex.join(["python", "-c", HF_SNIPPET]): ({"max_new_tokens=40": "max_new_tokens=8"}, []),
     "python launch/submit.py --configs configs/tiny/regular_gpt.json configs/tiny/alibi.json --seeds 0 1 "
     "--data data/stdlib-2k --nodes 1 --gpus-per-node 2 --cpus-per-task 8 --dry-run": ({}, []),
+    "python eval/formal.py sweep --profile paper --tasks parity_check --seeds 0 --out runs/formal-paper "
+    "--tables-dir runs --slurm --gpus-per-task 1 --array-throttle 64 --dry-run": ({}, []),
+    "python eval/lm_comparison.py --study v4 --slurm --out runs/lm-v4 --dry-run": ({}, []),
     "python launch/train_formal.py --config configs/formal/parity_check.json --set model.d_model=64 "
     "--set train.steps=1000 --set train.lr=1e-3 --run-dir runs/parity-c2 --time-to-solve":
         ({"train.steps=1000": "train.steps=20", "--time-to-solve": "--time-to-solve 10"},
@@ -83,8 +86,8 @@ SKIPPED: dict[str, str] = {
                  "its stages are tests/test_lm_comparison.py's",
     "make test": "the suite this test is part of",
     "deepspeed launch/pretrain.py --config configs/base.json": "the KERPLE-scale run (12 × 768, T = 512, 50,000 "
-                                                               "steps, bf16) is for GPUs: on CPU it measures the "
-                                                               "peak FLOP/s for minutes, then takes minutes a step; "
+                                                               "steps, bf16) is for GPUs: on CPU it takes minutes "
+                                                               "a step; "
                                                                "the deepspeed launcher is run by tests/test_pretrain.py",
 }
 

@@ -39,7 +39,9 @@ def test_a_language_model_run_config_with_the_formal_keys_at_their_defaults_load
     saved = _fixture("lm_config_resolved_v2.json")
     assert saved["data"]["task"] == "" and saved["eval"]["max_length"] == 500  # the old shared layout
     cfg = config_from_saved(saved, "v2")
-    assert cfg == load_config(ROOT / "configs/tiny/regular_gpt.json", ["train.seed=1"])
+    # eval.tokens: the run recorded 0 (the whole split), the default when it was written; today's default is a budget
+    assert cfg.eval.tokens == 0
+    assert cfg == load_config(ROOT / "configs/tiny/regular_gpt.json", ["train.seed=1", "eval.tokens=0"])
     assert variant_id(run_variant(cfg, {})) == "5b82bef05c94"  # as the old code computed it
 
 
