@@ -24,7 +24,7 @@ from regulargpt.experiments.lm_comparison.plans import (
 )
 from regulargpt.experiments.lm_comparison.stages import receptive_field_dir
 
-__all__ = ["Gap", "budget_suffixes", "v3_sections"]
+__all__ = ["Gap", "budget_suffixes", "stages_and_rows", "v3_sections"]
 
 _RG = ("regular_gpt", "rg_c8")
 
@@ -166,18 +166,25 @@ def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest:
     return lines
 
 
+def stages_and_rows(plan: Plan, study: str, plans: list[Plan]) -> tuple[list[str], dict[tuple[str, str], Summary] | None]:
+    """A staged study's "## Stages" section (the estimate table of `plans`) and its "## What <study> asks" heading,
+    with the summarised rows of the plan's first dataset; None (and "not evaluated yet") before any row."""
+    lines = ["## Stages", "", "Trainings run stage by stage (rerun the command to resume); estimated CPU minutes from "
+             f"the recorded timings of finished studies (`python eval/lm_comparison.py --study {study} --estimate`):",
+             "", estimate_table(plans), "", f"## What {study} asks", ""]
+    path = plan.out / plan.datasets[0] / "results.jsonl"
+    if not path.is_file():
+        return [*lines, "not evaluated yet", ""], None
+    return lines, summarise(load_rows(path), plan.datasets[0])
+
+
 def v3_sections(plan: Plan) -> list[str]:
     """The staged study's sections of its README (empty for an unstaged plan)."""
     if not plan.stages:
         return []
-    lines = ["## Stages", "", "Trainings run stage by stage (rerun the command to resume); estimated CPU minutes from "
-             "v2's recorded timings (`python eval/lm_comparison.py --study v3 --estimate`):", "",
-             estimate_table([plan, *(STUDIES[name] for name in plan.then)]), "", "## What v3 asks", ""]
-    dataset = plan.datasets[0]
-    path = plan.out / dataset / "results.jsonl"
-    if not path.is_file():
-        return [*lines, "not evaluated yet", ""]
-    table = summarise(load_rows(path), dataset)
+    lines, table = stages_and_rows(plan, "v3", [plan, *(STUDIES[name] for name in plan.then)])
+    if table is None:
+        return lines
     t, longest = plan.train_length, plan.lengths[-1]
     lines += [*_equal_compute(table, t, longest), "", *_budgets(plan, table, t, longest), "",
               *_windows(plan, table, t, longest), ""]

@@ -18,10 +18,9 @@ import numpy as np
 from regulargpt.evaluation.lm_findings import Summary, summarise
 from regulargpt.evaluation.lm_report import load_rows
 from regulargpt.evaluation.lm_trends import gap_table
-from regulargpt.experiments.lm_comparison.estimate import estimate_table
 from regulargpt.experiments.lm_comparison.plans import STUDIES, V4_EQUAL_COMPUTE, Plan
 from regulargpt.experiments.lm_comparison.stages import receptive_field_dir
-from regulargpt.experiments.lm_comparison.v3_report import Gap, _mean_gap
+from regulargpt.experiments.lm_comparison.v3_report import Gap, _mean_gap, stages_and_rows
 
 __all__ = ["v4_sections"]
 
@@ -138,14 +137,9 @@ def _answer_d(plan: Plan, table: dict[tuple[str, str], Summary], t: int) -> list
 
 def v4_sections(plan: Plan) -> list[str]:
     """The v4 README's stages and its four answers."""
-    lines = ["## Stages", "", "Trainings run stage by stage (rerun the command to resume); estimated CPU minutes "
-             "(`python eval/lm_comparison.py --study v4 --estimate`):", "", estimate_table([plan]), "",
-             "## What v4 asks", ""]
-    dataset = plan.datasets[0]
-    path = plan.out / dataset / "results.jsonl"
-    if not path.is_file():
-        return [*lines, "not evaluated yet", ""]
-    table = summarise(load_rows(path), dataset)
+    lines, table = stages_and_rows(plan, "v4", [plan])
+    if table is None:
+        return lines
     t, longest = plan.train_length, plan.lengths[-1]
     return [*lines, *_answer_a(table, t), "", *_answer_b(table, t, longest), "", *_answer_c(plan), "",
             *_answer_d(plan, table, t), ""]
