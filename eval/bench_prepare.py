@@ -12,7 +12,11 @@ row, the file list repeated with a "# copy k" first line once it is used up):
 Reported: wall, MB/s (text bytes / wall), the encode phase's MB/s and its ratio to the floor, tokens/s, peak RSS
 (summed), peak extra disk (peak bytes in DIR minus the final folder), final folder size.
 
-    python eval/bench_prepare.py --sizes 250 1000 4000 --work /tmp/bench_prepare
+Each mode rewrites its own `##` section of `--out` and keeps the others:
+
+    python eval/bench_prepare.py --sizes 250 1000 4000 --work /tmp/bench_prepare    # the corpus-size table
+    python eval/bench_prepare.py --sizes 250 --same-conditions 30                     # floor vs prepare, back to back
+    python eval/bench_prepare.py --sizes 250 --single-line 200                        # one 200 MB line vs its lines
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import psutil
 import sentencepiece as spm
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
 _SP: list[spm.SentencePieceProcessor] = []
 
 
@@ -163,6 +168,10 @@ def main() -> None:
                    help="instead: floor and encode-only prepare.py alternately (twice) on the first MB of the first "
                         "size's corpus, with the tokenizer of its data folder; and the encode phase's peak RSS over "
                         "its first 120 s on every size's corpus")
+    p.add_argument("--single-line", type=int, metavar="MB",
+                   help="instead: prepare.py (tokenizer trained, then encoding) on the first MB of the first size's "
+                        "corpus as one document, once with its newlines and once with every newline replaced by a "
+                        "space (one line of MB): wall and phases of each")
     p.add_argument("--peak-within", type=float, metavar="SECONDS",
                    help="instead: peak RSS (summed) of prepare.py training a tokenizer and encoding, over its first "
                         "SECONDS, on every size's corpus (its run is then stopped)")
@@ -177,7 +186,10 @@ def main() -> None:
             print(f"| {size} MB | {res['peak_rss'] / 1e9:.2f} GB |", flush=True)
         return
     if args.same_conditions:
-        same_conditions(work, args.sizes, args.same_conditions)
+        same_conditions(work, args.sizes, args.same_conditions, Path(args.out))
+        return
+    if args.single_line:
+        single_line(work, args.sizes[0], args.single_line, Path(args.out))
         return
     rows = []
     for size in args.sizes:
@@ -199,39 +211,96 @@ def main() -> None:
         write_table(Path(args.out), rows)
 
 
-def same_conditions(work: Path, sizes: list[int], megabytes: int) -> None:
-    """Print markdown rows: floor vs encode-only prepare.py back to back; encode-phase RSS per corpus size."""
-    tok = str(work / f"data_{sizes[0]}" / "tokenizer.model")
+def _slice(work: Path, size: int, megabytes: int) -> tuple[Path, int]:
+    """The first `megabytes` MB (text bytes, whole rows) of corpus_<size>.jsonl as slice_<megabytes>.jsonl."""
     part = work / f"slice_{megabytes}.jsonl"
-    with open(work / f"corpus_{sizes[0]}.jsonl") as src, open(part, "w") as dst:
+    with open(work / f"corpus_{size}.jsonl") as src, open(part, "w") as dst:
         total = 0
         for row in src:
             dst.write(row)
             total += len(json.loads(row)["text"].encode())
             if total >= megabytes * 1_000_000:
                 break
-    print("| run | load | floor MB/s | prepare.py encode MB/s (wall MB/s) | encode / floor |")
-    print("|---|---|---|---|---|")
+    return part, total
+
+
+def same_conditions(work: Path, sizes: list[int], megabytes: int, report: Path) -> None:
+    """Section: floor vs encode-only prepare.py back to back; encode-phase RSS per corpus size."""
+    tok = str(work / f"data_{sizes[0]}" / "tokenizer.model")
+    part, total = _slice(work, sizes[0], megabytes)
+    lines = [f"Command: `python eval/bench_prepare.py --sizes {' '.join(map(str, sizes))} --same-conditions "
+             f"{megabytes}` ({megabytes} MB of the {sizes[0]} MB corpus, tokenizer of `data_{sizes[0]}`, `--tokenizer` "
+             "given: encode only; floor and prepare.py alternate, twice).", "",
+             "| run | load | floor MB/s | prepare.py encode MB/s (wall MB/s) | encode / floor |", "|---|---|---|---|---|"]
     for k in range(2):
         floor = floor_rate(part, tok, megabytes + 1)
         load = os.getloadavg()[0]
         res = run_prepare(["--source", str(part), "--out", str(work / "slice_out"), "--tokenizer", tok, "--force"])
         enc = total / res["manifest"]["stats"]["seconds"]["tokenise"] / 1e6
-        print(f"| {k + 1} | {load:.1f} | {floor['mb_s']:.2f} | {enc:.2f} ({total / res['wall'] / 1e6:.2f}) | "
-              f"{enc / floor['mb_s']:.2f}× |", flush=True)
-    print("\n| corpus | encode-phase peak RSS (summed), first 120 s |\n|---|---|")
+        lines.append(f"| {k + 1} | {load:.1f} | {floor['mb_s']:.2f} | {enc:.2f} ({total / res['wall'] / 1e6:.2f}) | "
+                     f"{enc / floor['mb_s']:.2f}× |")
+        print(lines[-1], flush=True)
+    lines += ["", "| corpus | encode-phase peak RSS (summed), first 120 s |", "|---|---|"]
     for size in sizes:
-        out = work / f"rss_{size}"
-        res = run_prepare(["--source", str(work / f"corpus_{size}.jsonl"), "--out", str(out), "--tokenizer", tok],
-                          seconds=120)
-        print(f"| {size} MB | {res['peak_rss'] / 1e9:.2f} GB |", flush=True)
+        res = run_prepare(["--source", str(work / f"corpus_{size}.jsonl"), "--out", str(work / f"rss_{size}"),
+                           "--tokenizer", tok, "--force"], seconds=120)
+        lines.append(f"| {size} MB | {res['peak_rss'] / 1e9:.2f} GB |")
+        print(lines[-1], flush=True)
+    write_section(report, "Floor and prepare.py back to back (same conditions)", lines)
+
+
+def single_line(work: Path, size: int, megabytes: int, report: Path) -> None:
+    """Section: one document of `megabytes` MB prepared with its newlines, then as a single line (newlines → spaces).
+
+    The training-sentence cutter and the encoder's exact cuts must be linear in line length, so the two walls should
+    be close; a cutter that copied the rest of the line per chunk made the single line quadratic."""
+    build_corpus(work / f"corpus_{size}.jsonl", size)
+    part, _ = _slice(work, size, megabytes)
+    text = "".join(json.loads(row)["text"] for row in open(part))
+    lines = [f"Command: `python eval/bench_prepare.py --sizes {size} --single-line {megabytes}` (the first "
+             f"{megabytes} MB of the {size} MB corpus as one jsonl row, beside rows of 2 kB that fill the val and test splits; tokenizer trained by prepare.py, then encoding).",
+             "", f"| document | load | wall | seconds: read+sample / tokenizer / encode / finish | peak RSS (summed) |",
+             "|---|---|---|---|---|"]
+    for name, doc in (("with its newlines", text), ("one line (newlines → spaces)", text.replace("\n", " "))):
+        src = work / "single_doc.jsonl"
+        src.write_text("".join(json.dumps({"text": t}) + "\n" for t in _around_train_document(doc, text)))
+        load = os.getloadavg()[0]
+        res = run_prepare(["--source", str(src), "--out", str(work / "single_out"), "--force"])
+        s = res["manifest"]["stats"]["seconds"]
+        lines.append(f"| {len(doc.encode()) / 1e6:.0f} MB, {name} | {load:.1f} | {res['wall']:.1f} s | {s['read']:.1f} / "
+                     f"{s['tokenizer']:.1f} / {s['tokenise']:.1f} / {s['write']:.1f} | {res['peak_rss'] / 1e9:.2f} GB |")
+        print(lines[-1], flush=True)
+    write_section(report, "One long line", lines)
+
+
+def _around_train_document(doc: str, text: str) -> list[str]:
+    """`doc` at the first index the document split (seed 0, 5 % val, 5 % test) sends to train, and 2 kB documents of
+    `text` at every other index up to the first of each split, so that val and test are not empty."""
+    from regulargpt.data.encoding import split_code, unit_hash
+
+    codes = [split_code(unit_hash(0, i), 0.05, 0.05) for i in range(1000)]
+    first = {code: codes.index(code) for code in (0, 1, 2)}
+    return [doc if i == first[0] else text[2000 * i:2000 * (i + 1)] for i in range(max(first.values()) + 1)]
+
+
+def write_section(path: Path, heading: str, lines: list[str]) -> None:
+    """Replace (or append) the `## heading` section of the report at `path`, keeping the others."""
+    text = path.read_text() if path.exists() else "# prepare.py at corpus scale\n"
+    parts = text.split("\n## ")
+    body = "\n".join([heading, "", *lines]).rstrip() + "\n"
+    for i, part in enumerate(parts[1:], 1):
+        if part.split("\n", 1)[0] == heading:
+            parts[i] = body
+            break
+    else:
+        parts.append(body)
+    parts = [parts[0].rstrip() + "\n", *(p.rstrip() + "\n" for p in parts[1:])]
+    path.write_text("\n## ".join(parts))
 
 
 def write_table(path: Path, rows: list[dict]) -> None:
     cores = os.cpu_count()
     lines = [
-        "# prepare.py at corpus scale",
-        "",
         f"Machine: {cores} cores shared with other jobs (1-min load average at each run's start in the table), "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB. Corpora: jsonl of the UTF-8 text files under /usr/share "
         f"and /usr/lib/python3* (repeated with a `# copy k` line when used up). Tokenizer: trained by prepare.py "
@@ -252,7 +321,7 @@ def write_table(path: Path, rows: list[dict]) -> None:
             f"{r['peak_rss_gb']:.2f} GB | {r['peak_extra_mb']:.0f} MB ({r['peak_extra_mb'] / r['final_mb']:.2f}× "
             f"the output) | {r['final_mb']:.0f} MB | {s['read']:.0f} / {s['tokenizer']:.0f} / {s['tokenise']:.0f} / "
             f"{s['write']:.0f} |")
-    path.write_text("\n".join(lines) + "\n")
+    write_section(path, "Corpus sizes", lines)
 
 
 if __name__ == "__main__":

@@ -37,11 +37,15 @@ def test_lengths_are_grouped_by_the_depth_their_input_needs(tmp_path: Path) -> N
     assert profile.depths == {1: (1, 2, 2, 1.0), 2: (3, 4, 2, 1.0), 3: (5, 8, 4, pytest.approx(0.85)),
                               4: (9, 12, 2, 0.5)}
     assert profile.first_break() == 3 and profile.first_break(0.8) == 4
+    # fit: lengths 1..6 (data.min_length..max_length) all 1.0; score: 7..12 (eval.score_min_length..max_length)
+    # = mean(0.8, 0.6, 0.5, 0.5) = 0.6; so it fits and does not extrapolate: counted in the first line
+    assert (profile.fit, profile.score) == (1.0, pytest.approx(0.6))
     table = by_depth_markdown([profile])
-    assert "| L=3 (5..8) | L=4 (9..12) |" in table[2]
+    assert table[0] == "1 runs; 1 of them fit their training lengths (fit ≥ 0.99) and score < 0.99 past them."
+    assert "| L=3 (5..8) | L=4 (9..12) |" in table[4]
     assert profile.held_out_seen == (2, pytest.approx(0.7))  # 7 and 8: past the training lengths 1..6, depth 3
-    assert table[4] == ("| parity_check/regular_gpt_c2/seed0_lr0.01 | 3 | 1.000 | 1.000 | 0.850 | 0.500* | 3 "
-                        "| 0.700 (2) |")
+    assert table[6] == ("| parity_check/regular_gpt_c2/seed0_lr0.01 | 1.000 | 0.600 | 3 | 1.000 | 1.000 | 0.850 | "
+                        "0.500* | 3 | 0.700 (2) |")
 
 
 def test_the_depth_follows_the_input_length_and_the_chunk_size(tmp_path: Path) -> None:
@@ -61,7 +65,7 @@ def test_the_training_depth_comes_from_the_longest_training_length_not_the_evalu
     (run / "config.resolved.json").write_text(json.dumps(config))
     profile = depth_profile(run)
     assert profile.train_depth == 4
-    assert "0.900 |" in by_depth_markdown([profile])[4] and "*" not in by_depth_markdown([profile])[4]
+    assert "0.900 |" in by_depth_markdown([profile])[6] and "*" not in by_depth_markdown([profile])[6]
 
 
 def test_bad_runs_are_clear_errors(tmp_path: Path) -> None:
@@ -75,13 +79,23 @@ def test_bad_runs_are_clear_errors(tmp_path: Path) -> None:
         depth_profile(empty)
 
 
+def test_only_runs_that_fit_and_miss_are_counted(tmp_path: Path) -> None:
+    """The first line counts fit ≥ 0.99 and score < 0.99: a run that extrapolates and one that never fit are not."""
+    extrapolates = depth_profile(_run(tmp_path / "a", {1: 1.0, 6: 1.0, 9: 1.0}))
+    never_fit = depth_profile(_run(tmp_path / "b", {1: 1.0, 6: 0.9, 9: 0.5}))  # fit 0.95
+    misses = depth_profile(_run(tmp_path / "c", {1: 1.0, 6: 0.99, 9: 0.98}))  # fit 0.995, score 0.98
+    assert [(p.fit, p.score) for p in (extrapolates, never_fit, misses)] == [
+        (1.0, 1.0), (pytest.approx(0.95), 0.5), (pytest.approx(0.995), 0.98)]
+    assert by_depth_markdown([extrapolates, never_fit, misses])[0].startswith("3 runs; 1 of them fit")
+
+
 def test_by_depth_command_prints_and_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _run(tmp_path, {1: 1.0, 6: 1.0, 9: 0.25})
     out = tmp_path / "by_depth.md"
     assert formal_main(["by-depth", "--runs", str(run), "--out", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("# Accuracy by adaptive depth\n\n- Command: `python eval/formal.py") and "Git commit" in text
-    assert "| 3 | 1.000 | 1.000 | 0.250* | 4 | – |" in text  # no length in 7..8
+    assert "| 1.000 | 0.250 | 3 | 1.000 | 1.000 | 0.250* | 4 | – |" in text  # no length in 7..8
     assert "0.250*" in capsys.readouterr().out
 
 

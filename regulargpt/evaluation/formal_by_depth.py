@@ -17,6 +17,10 @@ each new depth (errors compound through the steps).
 
 The control: the evaluated lengths past the training lengths that still need no unseen depth (C = 2, T_train = 40:
 41 and 64), ``held_out_seen``. High accuracy there and low at the next depth says the depth breaks, not the length.
+
+Each row also carries the run's *fit* (mean accuracy over data.min_length..data.max_length) and *score* (over
+eval.score_min_length..eval.max_length), as Table 1 defines them, so a report shows which of its runs fit their
+training lengths (fit ≥ 0.99) but do not extrapolate (score < 0.99): the runs this analysis is for.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 
 from regulargpt.config import ConfigError, formal_config_from_saved
 from regulargpt.data.sources import DataError
-from regulargpt.evaluation.formal_scoring import RangeEvalError, read_rows
+from regulargpt.evaluation.formal_scoring import RangeEvalError, range_score, read_rows
 from regulargpt.files import read_json_object
 from regulargpt.model.sliding_dilated import adaptive_depth
 from regulargpt.run_directory.layout import CONFIG_FILE, RANGE_FILE
@@ -50,6 +54,8 @@ class DepthProfile:
     train_depth: int
     depths: dict[int, tuple[int, int, int, float]]
     held_out_seen: tuple[int, float] | None = None  # (lengths, mean accuracy): past the training lengths, seen depth
+    fit: float | None = None  # mean accuracy over the training lengths (None: a record without it)
+    score: float | None = None  # mean accuracy over the score lengths
 
     def first_break(self, threshold: float = 0.99) -> int | None:
         """The smallest depth whose mean accuracy is below `threshold` (None: none is)."""
@@ -60,8 +66,9 @@ def depth_record(run_dir: str | Path) -> dict[str, Any]:
     """The raw record behind a run's :class:`DepthProfile`, small enough to commit beside the report: the run's name
     (its folder's last three parts, ``task/model/seed_lr``), chunk size, longest training length and the input
     length of a training string that long, and every evaluated ``[length, input_length, accuracy]`` of its
-    ``range.jsonl``. Example: ``{"run": "dyck_4/regular_gpt_c2/seed0_lr0.001", "chunk_size": 2, "max_length": 40,
-    "train_input_length": 40, "rows": [[1, 1, 1.0], [2, 2, 1.0], …]}``."""
+    ``range.jsonl``, with the run's fit and score (Table 1's definitions; None where no evaluated length falls in
+    their range). Example: ``{"run": "dyck_4/regular_gpt_c2/seed0_lr0.001", "chunk_size": 2, "max_length": 40,
+    "train_input_length": 40, "fit": 0.997, "score": 0.956, "rows": [[1, 1, 1.0], [2, 2, 1.0], …]}``."""
     run_dir = Path(run_dir)
     cfg = formal_config_from_saved(read_json_object(run_dir / CONFIG_FILE, ConfigError, "pass a run folder of a "
                                                     "formal sweep or launch/train_formal.py"),
@@ -75,8 +82,16 @@ def depth_record(run_dir: str | Path) -> dict[str, Any]:
                              f"{run_dir} --out {run_dir / RANGE_FILE}` first")
     longest, _ = make_task(cfg.data.task, **cfg.data.task_options).sample(1, cfg.data.max_length,
                                                                            torch.Generator().manual_seed(0))
+    def mean_over(lo: int, hi: int) -> float | None:
+        try:
+            return range_score(rows, lo, hi)
+        except RangeEvalError:
+            return None
+
     return {"run": "/".join(run_dir.parts[-3:]), "chunk_size": cfg.model.chunk_size, "max_length": cfg.data.max_length,
             "train_input_length": int(longest.shape[1]),
+            "fit": mean_over(cfg.data.min_length, cfg.data.max_length),
+            "score": mean_over(cfg.eval.score_min_length, cfg.eval.max_length),
             "rows": [[t, int(row.get("input_length", t)), float(row["accuracy"])] for t, row in sorted(rows.items())]}
 
 
@@ -93,7 +108,8 @@ def profile_from_record(record: dict[str, Any]) -> DepthProfile:
     control = [float(acc) for t, _, acc in record["rows"] if int(t) > int(record["max_length"])
                and depth_of[int(t)] <= train_depth]
     return DepthProfile(str(record["run"]), c, train_depth, depths,
-                        (len(control), float(np.mean(control))) if control else None)
+                        (len(control), float(np.mean(control))) if control else None,
+                        record.get("fit"), record.get("score"))
 
 
 def depth_profile(run_dir: str | Path) -> DepthProfile:
@@ -116,8 +132,12 @@ def read_depth_records(path: str | Path) -> list[dict[str, Any]]:
 def by_depth_markdown(profiles: list[DepthProfile], threshold: float = 0.99) -> list[str]:
     """One table per chunk size: a row per run, a column per depth (its lengths in the header), cells the mean
     accuracy; depths past the run's training depth are marked *; then the first depth below `threshold`, and the
-    control: mean accuracy (number of lengths) over the lengths past the training lengths at a seen depth."""
-    lines: list[str] = []
+    control: mean accuracy (number of lengths) over the lengths past the training lengths at a seen depth. The first
+    line counts the runs that fit (≥ `threshold`) but score below it."""
+    selected = sum(p.fit is not None and p.score is not None and p.fit >= threshold > p.score for p in profiles)
+    lines = [f"{len(profiles)} runs; {selected} of them fit their training lengths (fit ≥ {threshold:g}) and score "
+             f"< {threshold:g} past them.", ""]
+    number = lambda value: "–" if value is None else f"{value:.3f}"  # noqa: E731
     for c in sorted({p.chunk_size for p in profiles}):
         mine = [p for p in profiles if p.chunk_size == c]
         depths = sorted({d for p in mine for d in p.depths})
@@ -127,13 +147,14 @@ def by_depth_markdown(profiles: list[DepthProfile], threshold: float = 0.99) -> 
         lines += [f"Chunk size C = {c} (columns: depth L and the evaluated lengths that need it; * = deeper than "
                   f"any training length; cell = mean accuracy over those lengths; last column: the lengths past the "
                   f"training lengths that need no unseen depth):", "",
-                  "| run | L_train | " + " | ".join(head) + f" | first depth < {threshold:g} | held out, seen depth |",
-                  "|---|---:|" + "---:|" * len(depths) + "---:|---:|"]
+                  "| run | fit | score | L_train | " + " | ".join(head) + f" | first depth < {threshold:g} | held out, "
+                  "seen depth |",
+                  "|---|---:|---:|---:|" + "---:|" * len(depths) + "---:|---:|"]
         for p in mine:
             cells = [(f"{p.depths[d][3]:.3f}" + ("*" if d > p.train_depth else "")) if d in p.depths else "–"
                      for d in depths]
             first = p.first_break(threshold)
             control = f"{p.held_out_seen[1]:.3f} ({p.held_out_seen[0]})" if p.held_out_seen else "–"
-            lines.append(f"| {p.name} | {p.train_depth} | " + " | ".join(cells) + f" | {first or '—'} | {control} |")
+            lines.append(f"| {p.name} | {number(p.fit)} | {number(p.score)} | {p.train_depth} | " + " | ".join(cells) + f" | {first or '—'} | {control} |")
         lines.append("")
     return lines
