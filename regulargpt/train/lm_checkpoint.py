@@ -31,6 +31,7 @@ from regulargpt.config import Config, config_to_dict
 from regulargpt.errors import TrainError
 from regulargpt.files import explain_disk_full
 from regulargpt.train.engine import lr_factor
+from regulargpt.train.lm_data import check_same_data
 
 __all__ = ["Checkpoints", "rank0_decides", "seed_all", "seed_rank_stream"]
 
@@ -117,9 +118,7 @@ class Checkpoints:
         if step is None:
             return None
         state = rd.read_trainer_state(self.run_dir, step)
-        if state["data"] != self.fingerprint:
-            raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
-                             f"{self.fingerprint}); resume with the same data folder")
+        check_same_data(self.run_dir, state["data"], self.fingerprint)
         load_dir, universal = self.run_dir, False
         if state["world_size"] != self.world and rd.needs_universal(self.run_dir, step):  # re-cut the partitions
             load_dir, universal = Path(self._decides(lambda: str(rd.to_universal(self.run_dir, step)))), True

@@ -58,11 +58,13 @@ class StepRunner:
         return torch.full((), float(value), device=self.device)  # a fill on the device, not a host copy
 
     @torch.no_grad()
-    def validate(self) -> float:
+    def validate(self, sampler: Any = None) -> float:
+        """Mean loss of the first ``eval_batches`` batches of `sampler` (default: the val sampler), over ranks."""
+        sampler = self.val_sampler if sampler is None else sampler
         self.engine.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(self.cfg.train.eval_batches):
-            total += self._loss(self.val_sampler.batch(i)).to(torch.float64)
+            total += self._loss(sampler.batch(i)).to(torch.float64)
         self.engine.train()
         return self.reduce(total).item() / (self.cfg.train.eval_batches * self.world)
 
