@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, fake_data_folder, pretrain, read_metrics, run_env
+from helpers import ROOT, fake_data_folder, pretrain, pretrain_args, pretrain_cmd, read_metrics, run_env, snapshot
 
 from regulargpt import run_directory as rd
 from regulargpt.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig, load_config
@@ -252,7 +252,8 @@ def test_a_resume_takes_the_runs_mixture_unless_the_command_names_one(folders: l
 def test_a_tiny_run_on_two_corpora_logs_their_counts_and_losses_and_is_scored_per_corpus(data_dir: Path,
                                                                                         tmp_path: Path) -> None:
     """configs/tiny on stdlib (the prepared fixture) + a folder of its token streams reversed (same tokenizer),
-    weights 3:1; then eval/extrapolate.py without --data writes rows for each corpus."""
+    weights 3:1; a restart on a changed second folder is refused and leaves the run's record alone; then
+    eval/extrapolate.py without --data writes rows for each corpus."""
     manifest = json.loads((data_dir / "manifest.json").read_text())
     dtype = np.dtype(manifest["dtype"])
     splits = {name: np.fromfile(data_dir / info["file"], dtype=dtype)[::-1] for name, info in
@@ -260,8 +261,9 @@ def test_a_tiny_run_on_two_corpora_logs_their_counts_and_losses_and_is_scored_pe
     other = fake_data_folder(tmp_path / "reversed", splits, vocab_size=manifest["vocab_size"], dtype=manifest["dtype"],
                              tokenizer=(data_dir / manifest["tokenizer"]["file"]).read_bytes())
     run_dir = tmp_path / "run"
-    pretrain(data_dir, run_dir, "data.path=", f"data.paths={data_dir},{other}", "data.weights=3,1", "train.steps=6",
-             "train.eval_every=3", "train.log_every=2", "train.save_every=0")
+    sets = ["data.path=", f"data.paths={data_dir},{other}", "data.weights=3,1", "train.steps=6", "train.eval_every=3",
+            "train.log_every=2", "train.save_every=0"]
+    pretrain(data_dir, run_dir, *sets)
     rows = read_metrics(run_dir)
     names = [data_dir.name, "reversed"]
     for row in rows:
@@ -271,11 +273,22 @@ def test_a_tiny_run_on_two_corpora_logs_their_counts_and_losses_and_is_scored_pe
     for row in validated:
         assert row["val_loss"] == pytest.approx(0.75 * row[f"val_loss/{names[0]}"] + 0.25 * row["val_loss/reversed"])
     record = json.loads((run_dir / "mixture.json").read_text())
-    assert [(c["name"], c["weight"], c["train_tokens"]) for c in record] == [
-        (names[0], 0.75, manifest["splits"]["train"]["tokens"]), ("reversed", 0.25, manifest["splits"]["train"]["tokens"])]
+    train_tokens = manifest["splits"]["train"]["tokens"]
+    assert [(c["name"], c["weight"], c["train_tokens"]) for c in record] == [(names[0], 0.75, train_tokens),
+                                                                             ("reversed", 0.25, train_tokens)]
     state = json.loads((run_dir / "global_step6" / "trainer_state.json").read_text())
     assert state["sampler"]["drawn"] == [rows[-1][f"sequences/{n}"] for n in names]
     assert [c["weight"] for c in state["data"]["corpora"]] == [0.75, 0.25]
+
+    # the same command on a folder of other content: refused before the run's record is rewritten
+    changed = fake_data_folder(tmp_path / "changed" / "reversed", {k: v[1:] for k, v in splits.items()},
+                               vocab_size=manifest["vocab_size"], dtype=manifest["dtype"],
+                               tokenizer=(data_dir / manifest["tokenizer"]["file"]).read_bytes())
+    record = snapshot(run_dir / "config.resolved.json", run_dir / "mixture.json")
+    args = pretrain_args(data_dir, run_dir, *sets[:1], f"data.paths={data_dir},{changed}", *sets[2:])
+    proc = subprocess.run(pretrain_cmd(1) + args, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "corpora[1].train.tokens: checkpoint" in proc.stderr, proc.stderr[-2000:]
+    assert snapshot(run_dir / "config.resolved.json", run_dir / "mixture.json") == record
 
     out = tmp_path / "eval"
     proc = subprocess.run([sys.executable, str(ROOT / "eval/extrapolate.py"), "--runs", str(run_dir), "--out",

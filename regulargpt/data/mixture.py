@@ -73,7 +73,8 @@ class MixtureSampler:
         """The corpus index (micro_batch_size,) of each sequence of one micro-batch."""
         if step < 0 or micro_step < 0:
             raise DataError(f"MixtureSampler: step {step} and micro_step {micro_step} must be >= 0")
-        u = np.random.default_rng([self.seed, step, micro_step, self.rank, _CHOICE_STREAM]).random(self.micro_batch_size)
+        rng = np.random.default_rng([self.seed, step, micro_step, self.rank, _CHOICE_STREAM])
+        u = rng.random(self.micro_batch_size)  # (B,)
         return np.searchsorted(self.edges, u, side="right")
 
     def batch(self, step: int, micro_step: int = 0) -> torch.Tensor:

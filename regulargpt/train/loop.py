@@ -83,7 +83,13 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.divergence import DivergenceGuard, keep_good_checkpoints, lower_lr_command
-from regulargpt.train.lm_checkpoint import Checkpoints, rank0_decides, seed_all, seed_rank_stream
+from regulargpt.train.lm_checkpoint import (
+    Checkpoints,
+    rank0_decides,
+    refuse_other_data,
+    seed_all,
+    seed_rank_stream,
+)
 from regulargpt.train.lm_data import (
     Corpus,
     data_fingerprint,
@@ -122,6 +128,7 @@ class _Trainer:
         took_over = self._rank0_decides(lock.acquire)  # before anything is written in the run directory
         if took_over:
             print(f"note: {took_over}", file=sys.stderr, flush=True)
+        self._rank0_decides(lambda: refuse_other_data(run_dir, fingerprint))  # before the config is rewritten
         rd.check_or_write_config(run_dir, cfg, write=False, allow=allow)  # a changed config: before the batch plan
         accum, note = self._rank0_decides(lambda: rd.grad_accum_for(run_dir, cfg, self.world))  # or refuse
         if note:
@@ -194,28 +201,9 @@ class _Trainer:
     def _rank0_decides(self, decide: Callable[[], Any]) -> Any:
         return rank0_decides(decide, self.rank, self.world, self.dist)
 
-    def drawn(self) -> dict[str, int]:
-        """A mixture's sequences drawn from each corpus since the run began, over all ranks (every rank calls it:
-        one all-reduce), as metrics keys ``sequences/<corpus>``; {} for one folder."""
-        sampler = self.steps.sampler
-        if len(self.corpora) == 1:
-            return {}
-        local = torch.as_tensor(sampler.drawn, dtype=torch.int64).to(self.device)
-        totals = sampler.record_totals(self.steps.reduce(local).tolist())
-        return {f"sequences/{c.name}": n for c, n in zip(self.corpora, totals)}
-
-    def validate(self) -> dict[str, float]:
-        """{"val_loss": the validation loss}; for a mixture also ``val_loss/<corpus>`` for each corpus, and
-        val_loss is their weighted mean Σ w_k · val_loss_k."""
-        if len(self.corpora) == 1:
-            return {"val_loss": self.steps.validate()}
-        losses = {c.name: self.steps.validate(s) for c, s in zip(self.corpora, self.val_samplers)}
-        mean = sum(c.weight * losses[c.name] for c in self.corpora)
-        return {"val_loss": mean, **{f"val_loss/{name}": v for name, v in losses.items()}}
-
     def save(self) -> None:
         """Checkpoint ``global_step<step>`` (every rank; regulargpt.train.lm_checkpoint)."""
-        self.drawn()  # a mixture's checkpoint keeps its per-corpus counts (sampler settings)
+        self.steps.drawn(self.corpora)  # a mixture's checkpoint keeps its per-corpus counts (sampler settings)
         self.checkpoints.save(self.step, self.tokens, self.bad_steps, protect=self.guard.good_step)
         self.guard.saved(self.step)
 
@@ -302,9 +290,9 @@ class _Trainer:
                 if self.device.type == "cuda":  # the caching allocator's own count: no device sync
                     rec["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
                 window_time, window_tokens = 0.0, 0
-                rec.update(self.drawn())
+                rec.update(self.steps.drawn(self.corpora))
                 if do_eval:
-                    rec.update(self.validate())
+                    rec.update(self.steps.validate_corpora(self.corpora, self.val_samplers))
                     last_val = rec["val_loss"]
                 self.log.record(rec)
             if (signalled or orphaned) and not final:
