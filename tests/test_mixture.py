@@ -6,6 +6,7 @@ from the formula written out here with numpy, and shares are checked against a b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -232,6 +233,13 @@ def test_a_resume_with_changed_weights_or_content_is_refused_and_moved_folders_a
     changed = data_fingerprint(open_corpora(_cfg([*folders[:2], tmp_path / "c2"], [3, 2, 1])))
     with pytest.raises(TrainError, match=r"corpora\[2\].train.tokens: checkpoint 300, now 400"):
         check_same_data(run_dir, saved, changed)
+
+
+def test_a_single_folder_keeps_the_fingerprint_its_checkpoints_hold(folders: list[Path]) -> None:
+    """Checkpoints written before mixtures existed hold these four keys; a single-folder run must still match."""
+    assert data_fingerprint(open_corpora(_cfg(folders[:1]))) == {
+        "tokenizer_sha256": hashlib.sha256(TOKENIZER).hexdigest(), "vocab_size": 300, "train_tokens": 600,
+        "val_tokens": 50}
 
 
 def test_a_resume_takes_the_runs_mixture_unless_the_command_names_one(folders: list[Path], tmp_path: Path) -> None:

@@ -136,8 +136,8 @@ def data_fingerprint(corpora: list[Corpus]) -> dict[str, Any]:
     weight and the train and val split fingerprints (the manifest's sha256 and token count)."""
     m = corpora[0].manifest
     out: dict[str, Any] = {"tokenizer_sha256": m["tokenizer"]["sha256"], "vocab_size": m["vocab_size"],
-                           "train_tokens": sum(len(c.train) for c in corpora),
-                           "val_tokens": sum(len(c.val) for c in corpora)}
+                           "train_tokens": sum(c.manifest["splits"]["train"]["tokens"] for c in corpora),
+                           "val_tokens": sum(c.manifest["splits"]["val"]["tokens"] for c in corpora)}
     if len(corpora) > 1:
         out["corpora"] = [{"weight": c.weight, "train": c.train.fingerprint, "val": c.val.fingerprint}
                           for c in corpora]
