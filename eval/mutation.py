@@ -47,6 +47,7 @@ TEST_MAP: dict[str, tuple[list[str], list[str]]] = {
     "regulargpt/model/dilation.py": (["tests/test_attention_truth.py", "tests/test_sliding_dilated.py"], []),
     "regulargpt/evaluation/": (["tests/test_perplexity_truth.py"], ["tests/test_extrapolate.py"]),
     "regulargpt/train/lm_step.py": (["tests/test_grad_accum.py"], ["tests/test_pretrain.py", "tests/test_host_syncs.py"]),
+    "regulargpt/data/mixture.py": (["tests/test_mixture.py"], []),
     "regulargpt/data/": (["tests/test_data.py"], ["tests/test_pretrain.py"]),
     "regulargpt/tasks/": (["tests/test_tasks.py"], ["tests/test_formal.py"]),
 }

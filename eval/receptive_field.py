@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         length = args.length or cfg.data.seq_len
         tokens, targets = lm_batch(cfg, length, args.samples, args.seed, args.split, args.data, args.random_tokens)
-        source = "random tokens" if args.random_tokens else f"{args.data or cfg.data.path} [{args.split}]"
+        folder = args.data or (cfg.data.folders or [""])[0]  # a mixture: its first corpus unless --data
+        source = "random tokens" if args.random_tokens else f"{folder} [{args.split}]"
     rf = receptive_field(model, tokens, targets, args.batch_size)
 
     out = Path(args.out)

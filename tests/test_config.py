@@ -146,7 +146,7 @@ def test_formal_score_lengths_must_lie_inside_the_evaluated_range(tmp_path):
 @pytest.mark.parametrize(
     "kind,body,pattern",
     [
-        (Config, {"data": {"task": "parity_check"}}, r"data\.task: unknown key; allowed keys: path, seq_len"),
+        (Config, {"data": {"task": "parity_check"}}, r"data\.task: unknown key; allowed keys: path, paths, seq_len"),
         (Config, {"data": {"max_length": 40}}, r"data\.max_length: unknown key"),
         (Config, {"eval": {"samples_per_length": 64}}, r"eval\.samples_per_length: unknown key"),
         (Config, {"eval": {"lenghts": [64]}}, r"eval\.lenghts: unknown key; did you mean 'lengths'\?"),

@@ -7,6 +7,10 @@ Examples:
         --protocol sliding --stride 32
     torchrun --nproc_per_node 4 eval/extrapolate.py --runs runs/alibi-seed0 --data data/python-stdlib --out results/lm
 
+Without --data each run is scored on the folder it trained on (data.path), and a run trained on a mixture
+(data.paths, docs/MIXTURES.md) on each of its corpora separately: rows name the corpus in their dataset column, and
+the tables and plots have one section per corpus.
+
 Lengths, protocol, stride, tokens and memory budget default to each run's saved config (its `eval` section: the tiny
 configs say 64…2048, configs/base.json 512…16384); a flag overrides that field for every run.
 
@@ -56,7 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True,
                    help="run directories holding model.pt (or model.pt paths), e.g. --runs runs/alibi-seed0 runs/t5-seed0")
-    p.add_argument("--data", required=True, help="prepared data folder (data_prep/prepare.py), e.g. --data data/python-stdlib")
+    p.add_argument("--data", default=None,
+                   help="prepared data folder (data_prep/prepare.py) scored for every run (default: each run's own "
+                        "data.path, or each corpus of its data.paths mixture separately), e.g. --data data/python-stdlib")
     p.add_argument("--split", default="test", help="held-out split to score (default test), e.g. --split val")
     p.add_argument("--lengths", type=positive_ints, default=None,
                    help="evaluation lengths (default: the run's eval.lengths), e.g. --lengths 64,128,256")

@@ -88,17 +88,17 @@ def validate(jobs: list[Job], world_size: int) -> None:
     from regulargpt.config import load_config
     from regulargpt import run_directory as rd
     from regulargpt.train.engine import check_deepspeed_config
-    from regulargpt.train.lm_data import open_data
+    from regulargpt.train.lm_data import open_corpora
 
     if "DS_ACCELERATOR" not in os.environ:
         os.environ["DS_ACCELERATOR"] = "cpu"  # a login node: DeepSpeed's config validation needs no device
-    checked: set[tuple[str, int, int]] = set()
+    checked: set[tuple[tuple[str, ...], int, int]] = set()
     for job in jobs:
         try:
             cfg = load_config(job.config, job.overrides)
-            data_key = (cfg.data.path, cfg.model.vocab_size, cfg.data.seq_len)
+            data_key = (tuple(cfg.data.folders), cfg.model.vocab_size, cfg.data.seq_len)
             if data_key not in checked:
-                open_data(cfg)
+                open_corpora(cfg)
                 checked.add(data_key)
             check_deepspeed_config(cfg, world_size)
             rd.check_or_write_config(job.run_dir, cfg, write=False)

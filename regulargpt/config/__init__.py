@@ -19,7 +19,8 @@ key is an unknown-key error); ``load_config(path, kind=...)`` picks the class::
 
     section    Config (language models)                    FormalConfig (formal languages)
     model      ModelConfig                                 ModelConfig, head "classifier"
-    data       DataConfig: path, seq_len                   FormalDataConfig: task, task_options, min_length, max_length
+    data       DataConfig: path or paths + weights,        FormalDataConfig: task, task_options, min_length, max_length
+               seq_len, verify
     train      TrainConfig                                 FormalTrainConfig (no schedule, accumulation, ZeRO...)
     eval       EvalConfig: lengths, protocol, stride,      FormalEvalConfig: max_length, samples_per_length,
                tokens, memory_gb                           score_min_length

@@ -4,8 +4,11 @@ naming a failure ``<section>.<key>`` (a :class:`ConfigError`), e.g. ``train.lr: 
 
 from __future__ import annotations
 
+import math
+import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, ClassVar, Literal
 
 from regulargpt.errors import UserError
@@ -131,9 +134,14 @@ class ModelConfig(_Section):
 
 @dataclass(frozen=True)
 class DataConfig(_Section):
-    """The language-model trainer's training data: a token-shard folder, read in windows of `seq_len` tokens."""
+    """The language-model trainer's training data, read in windows of `seq_len` tokens: one token-shard folder
+    (`path`), or a mixture of several (`paths`) where a sequence comes from folder k with probability
+    w_k = weights[k] / sum(weights) (empty `weights`: in proportion to each folder's train tokens; the sampler is
+    regulargpt.data.mixture, docs/MIXTURES.md). E.g. paths ["data/web", "data/code"], weights [3, 1]: 75% / 25%."""
 
     path: str = ""  # folder written by data_prep/prepare.py
+    paths: list[str] = field(default_factory=list)  # a mixture of >= 2 such folders (instead of `path`)
+    weights: list[float] = field(default_factory=list)  # one number > 0 per `paths` entry; [] = by train tokens
     seq_len: int = 512  # language-model training length T
     # how the splits are checked against the manifest at every start: size, blocks (size + 64 sampled 64 KiB
     # blocks) or full (+ the whole file's sha256, once per file version); regulargpt.data.verify, docs/DATA.md
@@ -143,6 +151,35 @@ class DataConfig(_Section):
 
     def __post_init__(self) -> None:
         self._positive("seq_len")
+        if self.path and self.paths:
+            self._fail("paths", self.paths, f"[] when data.path is set ({self.path!r}): set one of data.path (one "
+                       f"folder) or data.paths (a mixture); for a mixture also pass --set data.path= (empty), or "
+                       f"\"path\": \"\" in the config file")
+        if len(self.paths) == 1:
+            self._fail("paths", self.paths, "two or more folders (one folder is data.path)")
+        names = [PurePath(p).name for p in self.paths]
+        for i, name in enumerate(names):
+            if not name:
+                self._fail(f"paths[{i}]", self.paths[i], "a folder path")
+            if name in names[:i]:
+                j = names.index(name)
+                same = os.path.normpath(self.paths[i]) == os.path.normpath(self.paths[j])
+                self._fail(f"paths[{i}]", self.paths[i], f"a folder not listed already (data.paths[{j}])" if same else
+                           f"a folder whose name differs from data.paths[{j}]={self.paths[j]!r} (metrics and "
+                           f"evaluation rows name a corpus by its folder name)")
+        if self.weights and not self.paths:
+            self._fail("weights", self.weights, "[] without data.paths (weights mix the data.paths folders)")
+        if self.weights and len(self.weights) != len(self.paths):
+            self._fail("weights", self.weights, f"one number > 0 per data.paths entry ({len(self.paths)}), or [] "
+                       f"for weights in proportion to each folder's train tokens")
+        for i, weight in enumerate(self.weights):
+            if not (math.isfinite(weight) and weight > 0):
+                self._fail(f"weights[{i}]", weight, "a finite number > 0 (weights are normalised to sum to 1)")
+
+    @property
+    def folders(self) -> list[str]:
+        """The folders trained on: `paths`, or [`path`] (or [] when neither is set)."""
+        return list(self.paths) or ([self.path] if self.path else [])
 
 
 @dataclass(frozen=True)

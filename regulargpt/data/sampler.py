@@ -20,11 +20,26 @@ if TYPE_CHECKING:
     import torch
 
 
+def read_windows(split: TokenSplit, starts: np.ndarray, n: int, vocab_size: int | None = None) -> np.ndarray:
+    """The windows ``split.tokens[s:s + n]`` for each start s → (len(starts), n) in the split's dtype. With
+    `vocab_size`, an id >= vocab_size is a DataError naming the file and position."""
+    rows = np.stack([np.asarray(split.tokens[s:s + n]) for s in starts]) if len(starts) else (
+        np.empty((0, n), dtype=split.tokens.dtype))  # (B, n)
+    if vocab_size is not None and rows.size and int(rows.max()) >= vocab_size:
+        b, t = np.unravel_index(int(np.argmax(rows >= vocab_size)), rows.shape)
+        position = int(starts[b]) + int(t)
+        raise DataError(f"token file {split.path}: token id {int(rows[b, t])} at position {position} "
+                        f"is >= vocab_size {vocab_size} (the folder's manifest.json says ids stay below it: "
+                        f"the file is corrupt or from another tokenizer; re-run data_prep/prepare.py)")
+    return rows
+
+
 class WindowSampler:
     """Random windows of `seq_len + 1` tokens, drawn independently for every (seed, step, micro_step, rank).
 
-    The start offsets of `batch(step, micro_step)` are `np.random.default_rng([seed, step, micro_step, rank])
-    .integers(0, len(split) - seq_len, micro_batch_size)`: the data order is reproducible, independent per rank,
+    The start offsets of `batch(step, micro_step)` are `np.random.default_rng([seed, step, micro_step, rank,
+    *stream]).integers(0, len(split) - seq_len, micro_batch_size)` (`stream` is () but in a mixture,
+    regulargpt.data.mixture): the data order is reproducible, independent per rank,
     and a resumed run continues exactly without any state beyond the step (:meth:`check_resume` only compares
     settings).
     Windows may cross document boundaries (each document ends with the eos id); draws are with replacement.
@@ -40,7 +55,7 @@ class WindowSampler:
     """
 
     def __init__(self, split: TokenSplit, seq_len: int, micro_batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1, vocab_size: int | None = None) -> None:
+                 world_size: int = 1, vocab_size: int | None = None, stream: tuple[int, ...] = ()) -> None:
         if not 0 <= rank < world_size:
             raise DataError(f"WindowSampler: rank {rank} is not in [0, world_size={world_size})")
         if len(split) < seq_len + 1:
@@ -48,28 +63,21 @@ class WindowSampler:
                             f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data")
         self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
         self.seed, self.rank, self.world_size, self.vocab_size = seed, rank, world_size, vocab_size
+        self.stream = stream  # appended to the RNG key: a mixture gives corpus k the stream (k + 1,)
         self.consumed_steps = 0
 
     def starts(self, step: int, micro_step: int = 0) -> np.ndarray:
         """Start offsets (micro_batch_size,) of the windows of one micro-batch."""
         if step < 0 or micro_step < 0:
             raise DataError(f"WindowSampler: step {step} and micro_step {micro_step} must be >= 0")
-        rng = np.random.default_rng([self.seed, step, micro_step, self.rank])
+        rng = np.random.default_rng([self.seed, step, micro_step, self.rank, *self.stream])
         return rng.integers(0, len(self.split) - self.seq_len, size=self.micro_batch_size)
 
     def batch(self, step: int, micro_step: int = 0) -> torch.Tensor:
         """LongTensor (micro_batch_size, seq_len + 1): inputs are `[:, :-1]`, next-token targets `[:, 1:]`."""
         import torch  # here, so that `import regulargpt.data` (and data_prep) does not pay for torch
 
-        tokens, n = self.split.tokens, self.seq_len + 1
-        starts = self.starts(step, micro_step)
-        rows = np.stack([np.asarray(tokens[s:s + n]) for s in starts])  # (B, T+1)
-        if self.vocab_size is not None and rows.size and int(rows.max()) >= self.vocab_size:
-            b, t = np.unravel_index(int(np.argmax(rows >= self.vocab_size)), rows.shape)
-            position = int(starts[b]) + int(t)
-            raise DataError(f"token file {self.split.path}: token id {int(rows[b, t])} at position {position} "
-                            f"is >= vocab_size {self.vocab_size} (the folder's manifest.json says ids stay below it: "
-                            f"the file is corrupt or from another tokenizer; re-run data_prep/prepare.py)")
+        rows = read_windows(self.split, self.starts(step, micro_step), self.seq_len + 1, self.vocab_size)
         self.consumed_steps = max(self.consumed_steps, step + 1)
         return torch.from_numpy(rows.astype(np.int64))
 

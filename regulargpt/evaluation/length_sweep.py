@@ -223,19 +223,26 @@ def eval_settings(section: EvalConfig, overrides: dict[str, Any]) -> EvalSetting
                         merged.memory_gb)
 
 
-def sweep_runs(runs: Sequence[str | Path], data_dir: str | Path, split: str, out_dir: str | Path,
+def sweep_runs(runs: Sequence[str | Path], data_dir: str | Path | None, split: str, out_dir: str | Path,
                overrides: dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """:func:`sweep` with each run's settings taken from its saved ``eval`` section (lengths, protocol, stride,
     tokens, memory_gb), overridden by `overrides` (the command line); runs with equal settings are swept together.
-    Example: a run trained with ``eval.lengths=[64, 128]`` is scored at 64 and 128 unless ``lengths`` is given."""
+    Example: a run trained with ``eval.lengths=[64, 128]`` is scored at 64 and 128 unless ``lengths`` is given.
+
+    `data_dir` None scores each run on the folders it trained on: its ``data.path``, or every corpus of its mixture
+    (``data.paths``) separately, each corpus's rows under its own ``dataset`` (the folder's name)."""
     overrides = overrides or {}
-    groups: dict[EvalSettings, list[str | Path]] = {}
+    groups: dict[tuple[EvalSettings, str], list[str | Path]] = {}
     for run in runs:
         info = load_run(run, depth_policy=kwargs.get("depth_policy"))
-        groups.setdefault(eval_settings(info.cfg.eval, overrides), []).append(run)
+        folders = [str(data_dir)] if data_dir is not None else info.cfg.data.folders
+        if not folders:
+            raise EvalError(f"{run}: its config names no data folder (data.path, data.paths); pass --data DIR")
+        for folder in folders:
+            groups.setdefault((eval_settings(info.cfg.eval, overrides), folder), []).append(run)
     rows: list[dict[str, Any]] = []
-    for settings, members in groups.items():
-        rows += sweep(members, data_dir, split, list(settings.lengths), out_dir, protocol=settings.protocol,
+    for (settings, folder), members in groups.items():
+        rows += sweep(members, folder, split, list(settings.lengths), out_dir, protocol=settings.protocol,
                       stride=settings.stride, tokens=settings.tokens, memory_gb=settings.memory_gb, **kwargs)
     return rows
 

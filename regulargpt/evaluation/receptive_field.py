@@ -61,8 +61,8 @@ def lm_batch(cfg: Config, length: int, samples: int, seed: int, split: str = "te
              random_tokens: bool = False) -> tuple[Tensor, Tensor]:
     """Windows of length+1 tokens → (inputs (B, T), next-token targets at the last position (B,)).
 
-    Windows start at uniform random offsets of the split (``cfg.data.path`` unless `data_path`), or are uniform
-    random tokens in [0, vocab_size) when `random_tokens`.
+    Windows start at uniform random offsets of the split (the run's data folder, a mixture's first, unless
+    `data_path`), or are uniform random tokens in [0, vocab_size) when `random_tokens`.
     """
     rng = np.random.default_rng(seed)
     if random_tokens:
@@ -70,7 +70,7 @@ def lm_batch(cfg: Config, length: int, samples: int, seed: int, split: str = "te
     else:
         from regulargpt.data import open_split
 
-        tokens = open_split(data_path or cfg.data.path, split, cfg.model.vocab_size).tokens
+        tokens = open_split(data_path or (cfg.data.folders or [""])[0], split, cfg.model.vocab_size).tokens
         if len(tokens) < length + 1:
             raise ValueError(f"split {split!r} has {len(tokens)} tokens; a window needs {length + 1}")
         starts = rng.integers(0, len(tokens) - length, size=samples)

@@ -46,6 +46,9 @@ def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
         del out["model.window"]
     out["data.seq_len"] = cfg.data.seq_len
     out["data.dataset"] = Path(cfg.data.path).name if cfg.data.path else ""
+    if cfg.data.paths:  # a mixture (single-folder runs keep the variant id they had before mixtures existed)
+        out["data.dataset"] = "+".join(Path(p).name for p in cfg.data.paths)
+        out["data.weights"] = cfg.data.weights
     step = meta.get("step")
     if isinstance(step, int) and step != cfg.train.steps:
         out["checkpoint_step"] = step
@@ -130,7 +133,7 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
 
     Read from model.pt's meta (``tokenizer_sha256``, stored at export). A model.pt exported before the hash was
     stored: the data fingerprint in the ``trainer_state.json`` of the checkpoint it was exported from, else the
-    manifest of the run's ``data.path`` if that folder exists.
+    manifest of the run's ``data.path`` (a mixture's first folder) if that folder exists.
     """
     meta_sha = info.meta.get("tokenizer_sha256")
     if isinstance(meta_sha, str) and meta_sha:
@@ -140,9 +143,10 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
         sha = read_json_object(state).get("data", {}).get("tokenizer_sha256")
         if isinstance(sha, str) and sha:
             return sha, str(state)
-    if info.cfg.data.path and (Path(info.cfg.data.path) / "manifest.json").is_file():
+    folder = _first_folder(info.cfg)
+    if folder and (Path(folder) / "manifest.json").is_file():
         try:
-            return load_manifest(info.cfg.data.path)["tokenizer"]["sha256"], f"{info.cfg.data.path}/manifest.json"
+            return load_manifest(folder)["tokenizer"]["sha256"], f"{folder}/manifest.json"
         except DataError:
             return None
     return None
@@ -151,11 +155,17 @@ def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:
 def _training_tokenizer_file(info: RunInfo) -> str:
     """Where the run's tokenizer file is: in the data folder it trained on (its data.path; a run directory holds
     none), or a description of it when that folder is not here."""
+    folder = _first_folder(info.cfg)
     try:
-        manifest = load_manifest(info.cfg.data.path)
-        return str(Path(info.cfg.data.path) / manifest["tokenizer"]["file"])
+        manifest = load_manifest(folder)
+        return str(Path(folder) / manifest["tokenizer"]["file"])
     except (DataError, KeyError, TypeError):
-        return f"<the tokenizer.model of the data folder the run trained on, data.path={info.cfg.data.path!r}>"
+        return f"<the tokenizer.model of the data folder the run trained on, data.path={folder!r}>"
+
+
+def _first_folder(cfg: Config) -> str:
+    """The run's data folder (a mixture's first: its folders share the tokenizer), or "" when it names none."""
+    return (cfg.data.folders or [""])[0]
 
 
 def open_eval_split(data_dir: str | Path, split: str, verify: str = DEFAULT_LEVEL) -> TokenSplit:

@@ -52,7 +52,7 @@ def data_folder(data_path: str) -> Path | None:
 def find_tokenizer(info: RunInfo, tokenizer: str | Path | None = None) -> Tokenizer:
     """The tokenizer of a loaded run: `tokenizer` if given, else the one its data manifest names. GenerationError
     when none is found or it is not the one the run trained with."""
-    data_path = info.cfg.data.path
+    data_path = (info.cfg.data.folders or [""])[0]  # a mixture's folders share one tokenizer
     try:
         if tokenizer is not None:
             tok = Tokenizer.load(tokenizer)

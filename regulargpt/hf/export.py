@@ -159,7 +159,7 @@ def export_hf_run(source: str | Path, out: str | Path | None, command: str, step
                           f"policy is RegularGPT's")
     where = (run_dir or Path(source).parent) / MODEL_FILE
     tok = find_tokenizer(RunInfo(str(source), where, cfg, model, meta), tokenizer)
-    folder = data_folder(cfg.data.path) if cfg.data.path else None
+    folder = data_folder(cfg.data.folders[0]) if cfg.data.folders else None  # a mixture: its first folder
     manifest = load_manifest(folder) if folder is not None else None
     rows: list[dict[str, Any]] = []
     if eval_results is not None:

@@ -77,11 +77,16 @@ def _training(cfg: Config, meta: dict[str, Any], run_dir: Path | None) -> list[s
 
 def _data(cfg: Config, manifest: dict[str, Any] | None) -> list[str]:
     lines = ["## Training data", ""]
+    if cfg.data.paths:  # a mixture: its folders share one tokenizer; the first one's manifest is described
+        weights = cfg.data.weights or ["by train tokens"] * len(cfg.data.paths)
+        lines += ["A mixture (`data.paths`, `data.weights`): " + ", ".join(
+            f"`{p}` ({w})" for p, w in zip(cfg.data.paths, weights)) + "; the first folder:", ""]
+    folder = (cfg.data.folders or [""])[0]
     if manifest is None:
-        return lines + [f"The data folder `{cfg.data.path}` (the run's `data.path`) was not found at export.", ""]
+        return lines + [f"The data folder `{folder}` (the run's `data.path`) was not found at export.", ""]
     source, tok = manifest.get("source", {}), manifest.get("tokenizer", {})
     splits = manifest.get("splits", {})
-    lines += [f"`{cfg.data.path}/manifest.json`: source `{source.get('spec', '?')}` ({source.get('kind', '?')}, "
+    lines += [f"`{folder}/manifest.json`: source `{source.get('spec', '?')}` ({source.get('kind', '?')}, "
               f"{_count(source.get('documents'))} documents, {_count(source.get('bytes'))} bytes), vocabulary "
               f"{manifest.get('vocab_size')}, tokenizer sha256 `{tok.get('sha256', '?')}`, prepared by "
               f"`{manifest.get('command', '?')}` at {manifest.get('created_at', '?')}.", "",

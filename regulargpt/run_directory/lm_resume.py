@@ -45,6 +45,7 @@ __all__ = ["RESUME_FREE_KEYS", "RESUME_FREE", "ALLOW_CHANGED_KEYS", "CHANGES_FIL
 # Keys that may change between a run and its resumption: they do not change what is trained.
 RESUME_FREE_KEYS = frozenset({
     "data.path",  # the data may move (e.g. to node-local disk); its fingerprint is compared instead
+    "data.paths",  # likewise a mixture's folders: their fingerprints and weights are compared, in order
     "data.verify",  # how the data is checked at start, not what it is
     "train.log_every", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
     "train.max_bad_steps", "train.divergence_factor", "train.activation_checkpointing", "train.dist_timeout_s", "train.compile",
@@ -196,15 +197,22 @@ def set_aside_export(run_dir: Path, step: int) -> Path | None:
 
 
 def with_saved_data_path(run_dir: Path, cfg: Config, overrides: list[str]) -> tuple[Config, str | None]:
-    """`cfg` for resuming or extending the run in `run_dir`: without a ``--set data.path=…`` among `overrides`, the
-    run's own ``data.path`` (from its config.resolved.json) replaces the config file's → (config, a note saying so,
-    or None when nothing changed). A fresh run directory keeps `cfg`. Example: ``--config
+    """`cfg` for resuming or extending the run in `run_dir`: without a ``--set data.path=…`` (or ``data.paths``)
+    among `overrides`, the run's own ``data.path`` or mixture (``data.paths``, and its ``data.weights`` unless
+    ``--set data.weights=…`` is given; from its config.resolved.json) replaces the config file's → (config, a note
+    saying so, or None when nothing changed). A fresh run directory keeps `cfg`. Example: ``--config
     configs/tiny/regular_gpt.json --run-dir runs/x --extend-to 2000`` trains on the data runs/x trained on, not
     on configs/base.json's ``data/python-stdlib``."""
-    given = any(item.split("=", 1)[0].strip() == "data.path" for item in overrides)
+    keys = {item.split("=", 1)[0].strip() for item in overrides}
     saved, _ = run_config(run_dir)
-    if given or saved is None or not saved.data.path or saved.data.path == cfg.data.path:
+    if keys & {"data.path", "data.paths"} or saved is None or not saved.data.folders:
         return cfg, None
-    note = (f"{run_dir}: data.path={saved.data.path} (the run's, from its {CONFIG_FILE}; --set data.path=… "
+    weights = cfg.data.weights if "data.weights" in keys else saved.data.weights
+    data = dataclasses.replace(cfg.data, path=saved.data.path, paths=saved.data.paths,
+                               weights=weights if saved.data.paths else [])
+    if data == cfg.data:
+        return cfg, None
+    key = "data.paths" if saved.data.paths else "data.path"
+    note = (f"{run_dir}: {key}={','.join(saved.data.folders)} (the run's, from its {CONFIG_FILE}; --set {key}=… "
             f"to move the data)")
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=saved.data.path)), note
+    return dataclasses.replace(cfg, data=data), note

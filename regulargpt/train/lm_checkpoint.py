@@ -31,8 +31,9 @@ from regulargpt.config import Config, config_to_dict
 from regulargpt.errors import TrainError
 from regulargpt.files import explain_disk_full
 from regulargpt.train.engine import lr_factor
+from regulargpt.train.lm_data import check_same_data
 
-__all__ = ["Checkpoints", "rank0_decides", "seed_all", "seed_rank_stream"]
+__all__ = ["Checkpoints", "rank0_decides", "refuse_other_data", "seed_all", "seed_rank_stream"]
 
 
 def seed_all(seed: int) -> None:
@@ -44,6 +45,20 @@ def seed_all(seed: int) -> None:
 def seed_rank_stream(seed: int, rank: int, step: int = 0) -> None:
     """This rank's RNG stream from `step` on: seed_all(seed · 1,000,003 + 7,919 · (rank + 1) + 104,729 · step)."""
     seed_all(seed * 1_000_003 + 7919 * (rank + 1) + 104_729 * step)
+
+
+def refuse_other_data(run_dir: Path, fingerprint: dict[str, Any]) -> None:
+    """Before a restarted run rewrites its config.resolved.json (which records where the data is now): the
+    TrainError of :func:`~regulargpt.train.lm_data.check_same_data` when the newest checkpoint trained on other
+    data, so a refused resume leaves the run's record alone. Nothing for a fresh run or an unreadable checkpoint
+    (:meth:`Checkpoints.resume` picks an intact one and compares again)."""
+    try:
+        step = rd.latest_step(run_dir)
+        state = rd.read_trainer_state(run_dir, step) if step is not None else {}
+    except TrainError:
+        return
+    if isinstance(state.get("data"), dict):
+        check_same_data(run_dir, state["data"], fingerprint)
 
 
 def rank0_decides(decide: Callable[[], Any], rank: int, world: int, dist: Any) -> Any:
@@ -117,9 +132,7 @@ class Checkpoints:
         if step is None:
             return None
         state = rd.read_trainer_state(self.run_dir, step)
-        if state["data"] != self.fingerprint:
-            raise TrainError(f"{self.run_dir}: the data differs from the checkpoint's ({state['data']} vs "
-                             f"{self.fingerprint}); resume with the same data folder")
+        check_same_data(self.run_dir, state["data"], self.fingerprint)
         load_dir, universal = self.run_dir, False
         if state["world_size"] != self.world and rd.needs_universal(self.run_dir, step):  # re-cut the partitions
             load_dir, universal = Path(self._decides(lambda: str(rd.to_universal(self.run_dir, step)))), True

@@ -4,6 +4,8 @@
     loss, skipped, signalled, orphaned = steps.run(step, stop)   # grad_accum micro-batches → engine.step()
     steps.grad_norm                                              # that step's global gradient norm (device) or None
     val_loss = steps.validate()                                  # eval_batches fixed val batches, rank mean
+    steps.validate_corpora(corpora, val_samplers)                # + val_loss/<corpus> for a mixture (data.paths)
+    steps.drawn(corpora)                                         # a mixture's sequences/<corpus> so far, all ranks
 
 A step sums its micro-batch losses on the device; after the last backward the count of non-finite losses (and, for
 ZeRO-0 fp32, where DeepSpeed keeps no norm, a non-finite gradient norm) and the two stop requests (a signal; a
@@ -21,6 +23,7 @@ import torch
 
 from regulargpt.config import Config
 from regulargpt.train.faults import nan_plan, poison
+from regulargpt.train.lm_data import Corpus
 from regulargpt.train.lm_loss import lm_loss
 from regulargpt.train.stopping import StopRequest
 
@@ -58,13 +61,34 @@ class StepRunner:
         return torch.full((), float(value), device=self.device)  # a fill on the device, not a host copy
 
     @torch.no_grad()
-    def validate(self) -> float:
+    def validate(self, sampler: Any = None) -> float:
+        """Mean loss of the first ``eval_batches`` batches of `sampler` (default: the val sampler), over ranks."""
+        sampler = self.val_sampler if sampler is None else sampler
         self.engine.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(self.cfg.train.eval_batches):
-            total += self._loss(self.val_sampler.batch(i)).to(torch.float64)
+            total += self._loss(sampler.batch(i)).to(torch.float64)
         self.engine.train()
         return self.reduce(total).item() / (self.cfg.train.eval_batches * self.world)
+
+    def validate_corpora(self, corpora: list[Corpus], samplers: list[Any]) -> dict[str, float]:
+        """{"val_loss": :meth:`validate`}; for a mixture also ``val_loss/<corpus>`` (`samplers[k]` over corpus k's
+        val split) and val_loss = Σ w_k · val_loss_k, e.g. 0.75 · 5.93 + 0.25 · 5.98 = 5.94."""
+        if len(corpora) == 1:
+            return {"val_loss": self.validate(samplers[0])}
+        losses = {c.name: self.validate(s) for c, s in zip(corpora, samplers)}
+        return {"val_loss": sum(c.weight * losses[c.name] for c in corpora),
+                **{f"val_loss/{name}": v for name, v in losses.items()}}
+
+    def drawn(self, corpora: list[Corpus]) -> dict[str, int]:
+        """A mixture's sequences drawn from each corpus since the run began, over all ranks (every rank calls it:
+        one all-reduce), as metrics keys ``sequences/<corpus>``, also kept for the next checkpoint
+        (MixtureSampler.record_totals); {} for one folder."""
+        if len(corpora) == 1:
+            return {}
+        local = torch.as_tensor(self.sampler.drawn, dtype=torch.int64).to(self.device)
+        totals = self.sampler.record_totals(self.reduce(local).tolist())
+        return {f"sequences/{c.name}": n for c, n in zip(corpora, totals)}
 
     def run(self, step: int, stop: StopRequest) -> tuple[torch.Tensor, bool, bool, bool]:
         """Optimizer step `step` + 1 (grad_accum micro-batches; `step` steps are done) → (this rank's mean loss, a

@@ -13,7 +13,10 @@ Batches come from ``WindowSampler(train split, T, micro-batch, seed, rank, world
 (seed, step, micro_step, rank): a resumed run sees exactly the batches the uninterrupted run would have seen (on
 the same number of processes; on another, ``grad_accum`` keeps the global batch: run_directory/world_change.py).
 Validation uses the first ``eval_batches`` batches of a sampler over the val split with the same seed: the same
-fixed windows at every evaluation, averaged over ranks.
+fixed windows at every evaluation, averaged over ranks. A mixture (``data.paths``) draws from a
+:class:`~regulargpt.data.mixture.MixtureSampler`, records its corpora in ``mixture.json``, logs ``sequences/<corpus>``
+(drawn so far, all ranks) at every record and ``val_loss/<corpus>`` at every validation, ``val_loss`` being their
+weighted mean.
 
 Preemption: the first SIGTERM, SIGUSR1 or SIGINT (Ctrl-C), or the end of the launcher that started this rank
 (:mod:`regulargpt.train.stopping`: DeepSpeed's runner or torchrun killed), asks for a stop; after the current step
@@ -51,6 +54,7 @@ the step), so a resume with ``--allow-changed train.lr`` shows in the record fro
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging as _stdlib_logging
 import math
 import sys
@@ -64,6 +68,7 @@ from typing import Any
 import torch
 
 from regulargpt.config import Config
+from regulargpt.files import atomic_write_text
 from regulargpt.peak import PEAK_ENV, cached_peak, datasheet_peak
 from regulargpt.run_directory.layout import MODEL_FILE
 from regulargpt import run_directory as rd
@@ -78,30 +83,44 @@ from regulargpt.train.engine import (
     skip_shm_build,
 )
 from regulargpt.train.divergence import DivergenceGuard, keep_good_checkpoints, lower_lr_command
-from regulargpt.train.lm_checkpoint import Checkpoints, rank0_decides, seed_all, seed_rank_stream
-from regulargpt.train.lm_data import data_fingerprint, open_data
+from regulargpt.train.lm_checkpoint import (
+    Checkpoints,
+    rank0_decides,
+    refuse_other_data,
+    seed_all,
+    seed_rank_stream,
+)
+from regulargpt.train.lm_data import (
+    Corpus,
+    data_fingerprint,
+    mixture_record,
+    open_corpora,
+    open_data,
+    train_sampler,
+    val_samplers,
+)
 from regulargpt.train.lm_step import StepRunner
 from regulargpt.train.memory_check import check_memory
 from regulargpt.train.step_stats import StepStats
 from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
-__all__ = ["open_data", "train"]  # open_data lives in lm_data; re-exported for its callers
+__all__ = ["MIXTURE_FILE", "open_data", "train"]  # open_data lives in lm_data; re-exported for its callers
+
+MIXTURE_FILE = "mixture.json"  # a mixture run's corpora: name, path, weight, train tokens, tokenizer, fingerprints
 
 
 class _Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], data: tuple[Any, Any, dict[str, Any]],
+    def __init__(self, cfg: Config, run_dir: Path, env: dict[str, int], corpora: list[Corpus],
                  lock: rd.RunDirLock, allow: frozenset[str], command: str) -> None:
         import deepspeed
         import torch.distributed as dist
 
-        from regulargpt.data import WindowSampler
         from regulargpt.model import build_model
 
         self.cfg, self.run_dir, self.dist, self.command = cfg, run_dir, dist, command
-        self.rank, self.world = env["rank"], env["world_size"]
-        train_split, val_split, manifest = data
-        fingerprint = data_fingerprint(manifest)
+        self.rank, self.world, self.corpora = env["rank"], env["world_size"], corpora
+        fingerprint = data_fingerprint(corpora)
         if torch.cuda.is_available():
             torch.cuda.set_device(env["local_rank"])
         deepspeed.init_distributed(dist_backend=None if torch.cuda.is_available() else "gloo", verbose=False,
@@ -109,6 +128,7 @@ class _Trainer:
         took_over = self._rank0_decides(lock.acquire)  # before anything is written in the run directory
         if took_over:
             print(f"note: {took_over}", file=sys.stderr, flush=True)
+        self._rank0_decides(lambda: refuse_other_data(run_dir, fingerprint))  # before the config is rewritten
         rd.check_or_write_config(run_dir, cfg, write=False, allow=allow)  # a changed config: before the batch plan
         accum, note = self._rank0_decides(lambda: rd.grad_accum_for(run_dir, cfg, self.world))  # or refuse
         if note:
@@ -132,12 +152,10 @@ class _Trainer:
         self.device = self.engine.device
         seed_rank_stream(t.seed, self.rank)  # per-rank stream (dropout)
 
-        sampler = WindowSampler(train_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
-                                vocab_size=cfg.model.vocab_size)
-        val_sampler = WindowSampler(val_split, cfg.data.seq_len, t.batch_size, t.seed, self.rank, self.world,
-                                    vocab_size=cfg.model.vocab_size)
-        self.steps = StepRunner(cfg, self.engine, optimizer, scheduler, sampler, val_sampler, self.rank, self.world,
-                                dist)
+        sampler = train_sampler(corpora, cfg, self.rank, self.world)
+        self.val_samplers = val_samplers(corpora, cfg, self.rank, self.world)
+        self.steps = StepRunner(cfg, self.engine, optimizer, scheduler, sampler, self.val_samplers[0], self.rank,
+                                self.world, dist)
         self.checkpoints = Checkpoints(cfg, run_dir, self.engine, scheduler, sampler, param_names, fingerprint,
                                        self.rank, self.world, dist)
         self.step, self.tokens, self.bad_steps = 0, 0, 0
@@ -145,7 +163,13 @@ class _Trainer:
         resumed = self.checkpoints.resume()
         if resumed is not None:
             self.step, self.tokens, self.bad_steps = resumed
+        if len(corpora) > 1 and self.rank == 0:  # the data accepted: where its folders are now, what they hold
+            atomic_write_text(run_dir / MIXTURE_FILE, json.dumps(mixture_record(corpora), indent=2) + "\n")
         self.log = MetricsLog(cfg, run_dir, self.step, enabled=self.rank == 0)
+        if len(corpora) > 1:
+            self.log.message(f"{run_dir}: data: a mixture of " + ", ".join(
+                f"{c.name} {c.weight:.1%} ({len(c.train):,} train tokens)" for c in corpora)
+                + f"; recorded in {run_dir / MIXTURE_FILE}")
         self.guard = DivergenceGuard(t.divergence_factor, cfg.model.vocab_size, self.step)
 
     def _shared_peak(self, device: str) -> tuple[float, str]:
@@ -179,6 +203,7 @@ class _Trainer:
 
     def save(self) -> None:
         """Checkpoint ``global_step<step>`` (every rank; regulargpt.train.lm_checkpoint)."""
+        self.steps.drawn(self.corpora)  # a mixture's checkpoint keeps its per-corpus counts (sampler settings)
         self.checkpoints.save(self.step, self.tokens, self.bad_steps, protect=self.guard.good_step)
         self.guard.saved(self.step)
 
@@ -265,8 +290,10 @@ class _Trainer:
                 if self.device.type == "cuda":  # the caching allocator's own count: no device sync
                     rec["max_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
                 window_time, window_tokens = 0.0, 0
+                rec.update(self.steps.drawn(self.corpora))
                 if do_eval:
-                    last_val = rec["val_loss"] = self.steps.validate()
+                    rec.update(self.steps.validate_corpora(self.corpora, self.val_samplers))
+                    last_val = rec["val_loss"]
                 self.log.record(rec)
             if (signalled or orphaned) and not final:
                 stop.reason = stop.reason or ("a signal to another rank" if signalled else "another rank's launcher "
@@ -334,7 +361,7 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None,
     env = prepare_process_env()
     check_precision(cfg)
     check_compile(cfg)
-    data = open_data(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
+    corpora = open_corpora(cfg)  # before the DeepSpeed import: a bad data folder is reported in a second
     if orphaned(parent_at_start):
         raise TrainError(f"the launcher that started this process (pid {parent_at_start}) has ended; nothing was "
                          f"trained (rerun the launcher's command to resume {run_dir})")
@@ -351,7 +378,7 @@ def train(cfg: Config, run_dir: str | Path, parent_at_start: int | None = None,
         check_deepspeed_config(cfg, env["world_size"])  # before the run directory is written
         device = (torch.device("cuda", env["local_rank"]) if torch.cuda.is_available() else torch.device("cpu"))
         check_memory(cfg, env["world_size"], env["local_world_size"], device)  # a step that cannot fit: refused now
-        trainer = _Trainer(cfg, Path(run_dir), env, data, lock, allow_changed, resume)
+        trainer = _Trainer(cfg, Path(run_dir), env, corpora, lock, allow_changed, resume)
         try:
             summary = trainer.run(stop)
         except RuntimeError as err:

@@ -5,6 +5,8 @@
     {"step": 20, "loss": 5.91, "lr": 0.001, "grad_norm": 0.84, "tokens": 40960, "tokens_per_s": 9120.4,
      "mfu": 0.031, "elapsed_s": 4.5}
     {"step": 100, ..., "val_loss": 5.02}          # val_loss when validation ran at that step
+    {"step": 100, ..., "sequences/web": 2410, "sequences/code": 790, "val_loss/web": 5.3, "val_loss/code": 4.1}
+                                                  # a mixture (data.paths): draws so far, per-corpus val losses
 
 ``loss`` and ``grad_norm`` are means over the steps since the previous record (and the ranks), ``tokens_per_s``
 counts tokens of all ranks over those steps; ``mfu`` divides ``flops_per_token(T) × tokens_per_s`` by the peak
@@ -103,13 +105,15 @@ class MetricsLog:
                  "mfu": f"{100 * rec['mfu']:.1f}%"} if "loss" in rec else {}
         if "val_loss" in rec:
             short["val"] = f"{rec['val_loss']:.4f}"
+        corpora = ", ".join(f"{k[9:]} {v:.4f}" for k, v in rec.items() if k.startswith("val_loss/"))  # a mixture
+        per_corpus = f" (weighted mean of {corpora})" if corpora else ""
         if self.bar is not None:
             self.bar.set_postfix(short, refresh=False)
             if "val_loss" in rec:
-                self.bar.write(f"step {rec['step']}: val_loss {rec['val_loss']:.4f}", file=sys.stderr)
+                self.bar.write(f"step {rec['step']}: val_loss {rec['val_loss']:.4f}{per_corpus}", file=sys.stderr)
         else:
-            print(f"step {rec['step']}/{self.cfg.train.steps} " + " ".join(f"{k} {v}" for k, v in short.items()),
-                  file=sys.stderr, flush=True)
+            print(f"step {rec['step']}/{self.cfg.train.steps} " + " ".join(f"{k} {v}" for k, v in short.items())
+                  + per_corpus, file=sys.stderr, flush=True)
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in rec.items() if k != "step"}, step=rec["step"])
 
