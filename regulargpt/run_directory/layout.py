@@ -5,6 +5,7 @@ Neither side imports the other for them (evaluation must not import training)::
     RUN/config.resolved.json   CONFIG_FILE      the resolved config (both trainers; compared on resume)
     RUN/metrics.jsonl          METRICS_FILE     training metrics rows
     RUN/model.pt               MODEL_FILE       the final model (regulargpt.checkpoint format)
+    RUN/mixture.json           MIXTURE_FILE     an LM run on a mixture (data.paths): its corpora, weights, fingerprints
     RUN/trainer.lock           LOCK_FILE        the running LM trainer's lock record (regulargpt.run_directory.lock)
     RUN/ckpt.pt                CKPT_FILE        formal trainer: model + optimizer + step + RNG states
     RUN/ckpt.prev.pt           PREV_CKPT_FILE   formal trainer: the checkpoint before it
@@ -15,8 +16,8 @@ Neither side imports the other for them (evaluation must not import training)::
 
 from __future__ import annotations
 
-__all__ = ["CKPT_FILE", "CONFIG_FILE", "LOCK_FILE", "METRICS_FILE", "MODEL_FILE", "PREV_CKPT_FILE", "RANGE_FILE",
-           "SOLVE_FILE", "SWEEP_FILE"]
+__all__ = ["CKPT_FILE", "CONFIG_FILE", "LOCK_FILE", "METRICS_FILE", "MIXTURE_FILE", "MODEL_FILE", "PREV_CKPT_FILE",
+           "RANGE_FILE", "SOLVE_FILE", "SWEEP_FILE"]
 
 CONFIG_FILE = "config.resolved.json"
 METRICS_FILE = "metrics.jsonl"
@@ -27,3 +28,4 @@ PREV_CKPT_FILE = "ckpt.prev.pt"
 SOLVE_FILE = "time_to_solve.jsonl"
 SWEEP_FILE = "sweep.json"
 RANGE_FILE = "range.jsonl"
+MIXTURE_FILE = "mixture.json"

@@ -70,7 +70,7 @@ import torch
 from regulargpt.config import Config
 from regulargpt.files import atomic_write_text
 from regulargpt.peak import PEAK_ENV, cached_peak, datasheet_peak
-from regulargpt.run_directory.layout import MODEL_FILE
+from regulargpt.run_directory.layout import MIXTURE_FILE, MODEL_FILE
 from regulargpt import run_directory as rd
 from regulargpt.train.export import export_model
 from regulargpt.train.engine import (
@@ -105,9 +105,7 @@ from regulargpt.train.step_stats import StepStats
 from regulargpt.train.metrics_log import MetricsLog
 from regulargpt.train.stopping import Lifeline, StopRequest, launch_command, orphaned
 
-__all__ = ["MIXTURE_FILE", "open_data", "train"]  # open_data lives in lm_data; re-exported for its callers
-
-MIXTURE_FILE = "mixture.json"  # a mixture run's corpora: name, path, weight, train tokens, tokenizer, fingerprints
+__all__ = ["open_data", "train"]  # open_data lives in lm_data; re-exported for its callers
 
 
 class _Trainer:
