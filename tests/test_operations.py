@@ -81,6 +81,39 @@ def test_the_peak_measurement_is_bounded_in_time_on_a_slow_matmul() -> None:
     assert fast_n == 2048  # a fast product is still measured at the full size
 
 
+def test_the_peak_is_measured_past_launch_overhead_at_the_full_size() -> None:
+    """First contact with an H200: predicting every size from one cold 256² product (library start-up included)
+    stopped at 256², where launch overhead dominates, and cached 2.8 TFLOP/s. A fake GPU: 50 ms start-up on the first
+    product, 1 ms per launch, then 2n³ FLOP at 2e11 FLOP/s. At 2048² a product takes 1 + 85.9 ms: the rate measured
+    there is ≥ 0.95 · 2e11 (at 256²: 3.4e7 FLOP in 1.17 ms, 0.14 of it)."""
+    rate, calls = 2e11, []
+
+    def launch_bound(a: torch.Tensor, b: torch.Tensor) -> None:
+        time.sleep((0.05 if not calls else 0.0) + 1e-3 + 2 * a.shape[0] ** 3 / rate)
+        calls.append(a.shape[0])
+
+    flops, n = peak._measure("cpu", "bf16", 1, 2.0, launch_bound)
+    assert n == 2048, (n, calls)
+    assert 0.9 * rate < flops <= rate
+
+
+def test_a_peak_cached_by_an_older_measurement_is_measured_again(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache of version 1 holds H200 peaks of 2.8 TFLOP/s: entries without this version's mark are ignored,
+    measured again, and overwritten (also by raise_peak, whatever their value)."""
+    cache = tmp_path / "peak.json"
+    monkeypatch.setenv("REGULARGPT_PEAK_CACHE", str(cache))
+    monkeypatch.delenv(peak.PEAK_ENV, raising=False)
+    key = peak.machine_key("cpu", "fp32", 1)
+    cache.write_text(json.dumps({key: {"flops": 1e20, "how": "old", "date": "2026-11-30 00:00:00"}}))
+    monkeypatch.setattr(peak, "_measure", lambda *a: (3e9, 512))
+    assert peak.cached_peak("cpu", "fp32", threads=1) == (3e9, f"measured over 3 s, cached in {cache}")
+    assert json.loads(cache.read_text())[key]["flops"] == 3e9
+    cache.write_text(json.dumps({key: {"flops": 1e20, "how": "old"}}))
+    peak.raise_peak(key, 4e9, "a run")
+    assert json.loads(cache.read_text())[key]["flops"] == 4e9
+
+
 # ---------------------------------------------------------------------------------------------- submitting sweeps
 
 
