@@ -4,8 +4,8 @@ For each size (MB of jsonl text built from the UTF-8 text files under /usr/share
 row, the file list repeated with a "# copy k" first line once it is used up):
 
 - **floor**: the tokenizer's own rate on the same text with all cores: a plain multiprocessing loop (one process per
-  core, each loading the model once) of sentencepiece `encode` over the lines of the corpus' first `--floor-mb` MB,
-  read and parsed from the jsonl once (MB of text per second);
+  core, each loading the model once) of sentencepiece `encode` over the lines of `--floor-mb` blocks of 1 MB
+  spread evenly through the corpus, read and parsed from the jsonl once (MB of text per second);
 - **prepare**: `python data_prep/prepare.py --source corpus.jsonl --out DIR` (tokenizer trained on the default
   sample, then encoding), sampled every 0.5 s: RSS summed over the process and its children, bytes in DIR.
 
@@ -79,19 +79,29 @@ def _encode_lines(lines: list[str]) -> int:
 
 
 def floor_rate(corpus: Path, model: str, megabytes: int) -> dict:
-    """MB/s and tokens/s of a plain Pool(cores) loop of sentencepiece encode over lines (reading included)."""
+    """MB/s and tokens/s of a plain Pool(cores) loop of sentencepiece encode over lines (reading included), on
+    `megabytes` blocks of 1 MB of rows spread evenly through the corpus: the same mix of text that prepare.py
+    encodes (the first MB of a corpus built file by file is one kind of text, and encodes at its own speed)."""
     def batches():
         size, lines = 0, []
-        with open(corpus) as f:
-            for row in f:
-                text = json.loads(row)["text"]
-                lines.extend(text.splitlines(keepends=True))
-                size += len(text.encode())
-                if len(lines) > 20_000:
-                    yield lines
-                    lines = []
-                if size >= megabytes * 1_000_000:
-                    break
+        total = corpus.stat().st_size
+        with open(corpus, "rb") as f:
+            for block in range(megabytes):
+                f.seek(block * total // megabytes)
+                if block:
+                    f.readline()  # to the start of the next row
+                got = 0
+                while got < 1_000_000:
+                    row = f.readline()
+                    if not row:
+                        break
+                    text = json.loads(row)["text"]
+                    lines.extend(text.splitlines(keepends=True))
+                    got += len(text.encode())
+                    if len(lines) > 20_000:
+                        yield lines
+                        lines = []
+                size += got
         yield lines
         stats["bytes"] = size
 
@@ -154,7 +164,7 @@ def run_prepare(args: list[str], seconds: float | None = None) -> dict:
         raise SystemExit(f"prepare.py failed ({proc.returncode}):\n{log[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
     final = folder_bytes(out)
-    return {"wall": wall, "manifest": manifest, "peak_rss": peak["rss"], "peak_extra": peak["disk"] - final,
+    return {"wall": wall, "manifest": manifest, "peak_rss": peak["rss"], "peak_extra": max(0, peak["disk"] - final),
             "final": final}
 
 
@@ -208,7 +218,7 @@ def main() -> None:
                      "peak_extra_mb": res["peak_extra"] / 1e6, "final_mb": res["final"] / 1e6, "load": load,
                      "seconds": m["stats"]["seconds"], "sample": m["tokenizer"]["sample"]})
         print(json.dumps(rows[-1]), flush=True)
-        write_table(Path(args.out), rows)
+        write_table(Path(args.out), rows, args.floor_mb)
 
 
 def _slice(work: Path, size: int, megabytes: int) -> tuple[Path, int]:
@@ -298,14 +308,15 @@ def write_section(path: Path, heading: str, lines: list[str]) -> None:
     path.write_text("\n## ".join(parts))
 
 
-def write_table(path: Path, rows: list[dict]) -> None:
+def write_table(path: Path, rows: list[dict], floor_mb: int = 60) -> None:
     cores = os.cpu_count()
     lines = [
         f"Machine: {cores} cores shared with other jobs (1-min load average at each run's start in the table), "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB. Corpora: jsonl of the UTF-8 text files under /usr/share "
         f"and /usr/lib/python3* (repeated with a `# copy k` line when used up). Tokenizer: trained by prepare.py "
         f"(vocab 8000, default sample); floor: a plain Pool({cores}) loop of sentencepiece encode over the lines of "
-        f"the first 60 MB of the same corpus with the same tokenizer, reading included, measured right after.",
+        f"{floor_mb} blocks of 1 MB spread evenly through the same corpus, with the same tokenizer, reading "
+        f"included, measured right after.",
         "",
         "Command: `python eval/bench_prepare.py --sizes " + " ".join(str(r["size"]) for r in rows) + "`",
         "",
