@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -206,8 +207,10 @@ def main() -> None:
         corpus = work / f"corpus_{size}.jsonl"
         text_bytes = build_corpus(corpus, size)
         out = work / f"data_{size}"
+        # a first preparation: over an existing folder prepare.py keeps the old one until the swap (1× the output)
+        shutil.rmtree(out, ignore_errors=True)
         load = os.getloadavg()[0]
-        res = run_prepare(["--source", str(corpus), "--out", str(out), "--force"])
+        res = run_prepare(["--source", str(corpus), "--out", str(out)])
         m = res["manifest"]
         floor = floor_rate(corpus, str(out / "tokenizer.model"), args.floor_mb)
         tokens = sum(s["tokens"] for s in m["splits"].values())
