@@ -76,3 +76,21 @@ def test_the_correctness_step_takes_the_algorithms_that_run_on_the_device(monkey
     assert ok and "skipped (does not run on cpu)" in rows[2] and "unknown algorithm" in rows[3]
     script = (ROOT / "eval/gpu_check.sh").read_text()
     assert "--algorithms device" in script and "cpp,blocked,shift" not in script
+
+
+def test_the_profile_counts_each_kernel_once():
+    """First H200 run: the profile's header summed the device time of every event, the operators (which carry the
+    time of the kernels they launch) and the kernels themselves: 79.7 ms against the profiler table's 39.9 ms. An
+    operator of 10 ms device time launching one 10 ms kernel, plus a 5 ms kernel with no operator: 15 ms."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gpu_steps
+
+    events = [SimpleNamespace(device_type=DeviceType.CPU, self_device_time_total=10_000, is_user_annotation=False),
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=10_000, is_user_annotation=False),
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=5_000, is_user_annotation=False),
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=7_000, is_user_annotation=True)]
+    assert gpu_steps.device_self_ms(events) == 15.0
