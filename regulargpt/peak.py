@@ -97,8 +97,9 @@ def _measure(device: str, dtype: str, threads: int, seconds: float,
     """→ (best FLOP/s, the side n it was measured at). Bounded in time whatever the dtype's speed here: starting at
     n = 256 (after one warm-up product), each measured triple predicts the next size's (∝ n³), so the size is the
     largest power of two up to `_size(device)` whose triple is predicted to take at most a quarter of `seconds`,
-    and no triple starts that is predicted to end after the deadline. Without the probe, bf16 on a CPU without native bf16 (AVX2 only: a few
-    GFLOP/s) spent minutes on the first 2048² triple alone; a machine with fast bf16 still measures at 2048²."""
+    and no triple starts that is predicted to end after the deadline. Without the bound, bf16 on a CPU without native
+    bf16 (AVX2 only: a few GFLOP/s) spent minutes on the first 2048² triple alone; a machine with fast bf16 still
+    measures at 2048²."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     cuda = device.startswith("cuda")
