@@ -36,6 +36,7 @@ import sentencepiece as spm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without `pip install -e .`
+from regulargpt.files import atomic_write_text  # noqa: E402
 _SP: list[spm.SentencePieceProcessor] = []
 
 
@@ -271,7 +272,8 @@ def single_line(work: Path, size: int, megabytes: int, report: Path) -> None:
     part, _ = _slice(work, size, megabytes)
     text = "".join(json.loads(row)["text"] for row in open(part))
     lines = [f"Command: `python eval/bench_prepare.py --sizes {size} --single-line {megabytes}` (the first "
-             f"{megabytes} MB of the {size} MB corpus as one jsonl row, beside rows of 2 kB that fill the val and test splits; tokenizer trained by prepare.py, then encoding).",
+             f"{megabytes} MB of the {size} MB corpus as one jsonl row, beside rows of 2 kB that fill the val and "
+             f"test splits; tokenizer trained by prepare.py, then encoding).",
              "", f"| document | load | wall | seconds: read+sample / tokenizer / encode / finish | peak RSS (summed) |",
              "|---|---|---|---|---|"]
     for name, doc in (("with its newlines", text), ("one line (newlines → spaces)", text.replace("\n", " "))):
@@ -280,8 +282,9 @@ def single_line(work: Path, size: int, megabytes: int, report: Path) -> None:
         load = os.getloadavg()[0]
         res = run_prepare(["--source", str(src), "--out", str(work / "single_out"), "--force"])
         s = res["manifest"]["stats"]["seconds"]
-        lines.append(f"| {len(doc.encode()) / 1e6:.0f} MB, {name} | {load:.1f} | {res['wall']:.1f} s | {s['read']:.1f} / "
-                     f"{s['tokenizer']:.1f} / {s['tokenise']:.1f} / {s['write']:.1f} | {res['peak_rss'] / 1e9:.2f} GB |")
+        lines.append(f"| {len(doc.encode()) / 1e6:.0f} MB, {name} | {load:.1f} | {res['wall']:.1f} s | "
+                     f"{s['read']:.1f} / {s['tokenizer']:.1f} / {s['tokenise']:.1f} / {s['write']:.1f} | "
+                     f"{res['peak_rss'] / 1e9:.2f} GB |")
         print(lines[-1], flush=True)
     write_section(report, "One long line", lines)
 
@@ -308,7 +311,7 @@ def write_section(path: Path, heading: str, lines: list[str]) -> None:
     else:
         parts.append(body)
     parts = [parts[0].rstrip() + "\n", *(p.rstrip() + "\n" for p in parts[1:])]
-    path.write_text("\n## ".join(parts))
+    atomic_write_text(path, "\n## ".join(parts))
 
 
 def write_table(path: Path, rows: list[dict], floor_mb: int = 60) -> None:

@@ -155,6 +155,7 @@ def by_depth_markdown(profiles: list[DepthProfile], threshold: float = 0.99) -> 
                      for d in depths]
             first = p.first_break(threshold)
             control = f"{p.held_out_seen[1]:.3f} ({p.held_out_seen[0]})" if p.held_out_seen else "–"
-            lines.append(f"| {p.name} | {number(p.fit)} | {number(p.score)} | {p.train_depth} | " + " | ".join(cells) + f" | {first or '—'} | {control} |")
+            lines.append(f"| {p.name} | {number(p.fit)} | {number(p.score)} | {p.train_depth} | " + " | ".join(cells)
+                         + f" | {first or '—'} | {control} |")
         lines.append("")
     return lines
