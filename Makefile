@@ -59,7 +59,7 @@ bench: $(KERNEL)
 	$(PY) eval/bench_tree.py --config configs/formal/parity_check.json --out results/bench_tree.md
 	OMP_NUM_THREADS=1 $(PY) eval/bench_generate.py --out results/bench_generate.md
 
-# The wheels eval/gpu_check.sh installs on a GPU machine whose image has no deepspeed (eval/gpu_deps.py; pip and PyPI
+# The wheels eval/gpu_campaign.sh installs on a GPU machine whose image has no deepspeed (eval/gpu_deps.py; pip and PyPI
 # here, offline there): git-ignored, carried with the check (docs/GPU_CHECK.md).
 gpu-wheels: $(STAMP)
 	$(PY) eval/gpu_deps.py download --out eval/gpu_wheels

@@ -1,9 +1,9 @@
-"""The packages the GPU machine's image lacks, as wheels in a git-ignored folder beside eval/gpu_check.sh.
+"""The packages the GPU machine's image lacks, as wheels in a git-ignored folder beside eval/gpu_campaign.sh.
 
 The image has torch 2.11, Triton 3.6, transformers and sentencepiece, but no deepspeed (nor datasets or wandb, which
 the trainer does not import: wandb is switched off, the check trains on random tokens) and no network. What
 ``import deepspeed`` and the trainer's DeepSpeed paths load at run time (checked with ``missing``: every
-distribution they import, tests/test_gpu_check.py) that the image may lack:
+distribution they import, tests/test_gpu_campaign.py) that the image may lack:
 
     deepspeed, hjson, einops, py-cpuinfo, ninja, msgpack, psutil, pydantic, pydantic-core, annotated-types,
     typing-inspection, dill

@@ -1,11 +1,8 @@
-"""The Python steps of eval/gpu_check.sh: the kernels' correctness and speed, random-token data, generation speed,
-a profile of one training step. Each writes one markdown file; every one runs on CPU at tiny sizes too.
+"""Two Python steps of eval/gpu_campaign.sh: the kernels' correctness and a profile of one training step. Each writes
+one markdown file; both run on CPU at tiny sizes too (kernel timing: eval/bench_kernel_gpu.py).
 
-    python eval/gpu_steps.py data OUT --vocab 8000 --tokens 2000000       # a data folder of random tokens
-    python eval/gpu_steps.py check --device cuda --out k.md        # every algorithm that runs on the device
-    python eval/gpu_steps.py bench --device cuda --lengths 16384 --algorithms triton,blocked,shift --out b.md
-    python eval/gpu_steps.py generate runs/x/model.pt --context 16384 --new-tokens 64 --device cuda --out g.md
-    python eval/gpu_steps.py profile --config configs/base.json --device cuda --out p.md
+    python eval/gpu_steps.py check --device cuda --algorithms triton --out k.md   # or every algorithm on the device
+    python eval/gpu_steps.py profile --config configs/campaign/regular_gpt.json --device cuda --out p.md
 
 Algorithms are asked for by name (``regulargpt.model.sliding_dilated_attention(..., algorithm=NAME)``): a name this
 checkout does not know, or one that does not run on the device (``algorithms_on``: "cpp" is CPU-only, "triton" and
@@ -13,23 +10,16 @@ checkout does not know, or one that does not run on the device (``algorithms_on`
 ``algorithms_on(device)`` lists. ``check``: the forward and the
 gradients of q, k, v, the window scalars and the pads against the fp64 dense reference, fp32 and bf16, error over
 max(1, |reference|) under 2e-3 (fp32) and 3e-2 (bf16), the bounds of tests/test_flex_sliding.py; exit 1 on a
-mismatch or an error. ``bench``: forward+backward (B = 1, Dh = 64, C = 8, dilation 8), median of ``--reps``, against
-the HBM floor: the 8 tensors of B·H·T·Dh a forward+backward must move at least once (q, k, v, out, dout, dq, dk, dv)
-over the datasheet bandwidth (regulargpt.peak.DATASHEET_BANDWIDTH) and over a measured device copy.
+mismatch or an error. The default length, 1003, is a multiple of no block size.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from regulargpt.model import reference_sliding_dilated_attention, sliding_dilated_attention  # noqa: E402
 from regulargpt.model.sliding_dilated import algorithms_on  # noqa: E402
-from regulargpt.peak import datasheet_bandwidth  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp32": 2e-3, "bf16": 3e-2}
@@ -56,27 +45,6 @@ def _write(out: Path, title: str, lines: list[str]) -> None:
     tmp.write_text(text)
     tmp.replace(out)
     print(text)
-
-
-# ------------------------------------------------------------------------------------------------------ data
-
-
-def write_random_data(out: Path, vocab: int, tokens: int, seed: int = 0) -> None:
-    """A data folder of uniformly random uint16 tokens (train 90 %, val and test 5 % each) with a placeholder
-    tokenizer file: enough for training and scoring throughput, not for text."""
-    rng = np.random.default_rng(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = b"random tokens: no tokenizer"
-    (out / "tokenizer.model").write_bytes(tokenizer)
-    sizes = {"train": tokens * 9 // 10, "val": tokens // 20, "test": tokens // 20}
-    splits = {}
-    for name, n in sizes.items():
-        rng.integers(0, vocab, n, dtype=np.uint16).tofile(out / f"{name}.bin")
-        splits[name] = {"tokens": n, "documents": 1, "file": f"{name}.bin"}
-    manifest = {"format_version": 1, "dtype": "uint16", "vocab_size": vocab, "splits": splits,
-                "tokenizer": {"file": "tokenizer.model", "sha256": hashlib.sha256(tokenizer).hexdigest()}}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    print(f"wrote {out}: {tokens:,} random tokens, vocab {vocab}")
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -142,7 +110,11 @@ def _check_one(algorithm: str, device: str, dtype: str, c: int, dilation: int,
     return f"{head} {fwd:.1e} | {grad:.1e} | {verdict} |", verdict
 
 
-def check(device: str, algorithms: list[str], t: int, heads: int) -> tuple[list[str], bool]:
+CASES = ((2, 1), (8, 8), (4, 64))  # (C, dilation): a band, a dilated step, a dilation past most of a short input
+
+
+def check(device: str, algorithms: list[str], t: int, heads: int,
+          cases: tuple[tuple[int, int], ...] = CASES) -> tuple[list[str], bool]:
     """Rows of the correctness table and whether every known algorithm matched in every case. Each row is printed
     as it is done, with its seconds (a Triton or FlexAttention build per case), so a step cut short by its time cap
     still shows the cases it finished; each case's reference is computed once for all algorithms."""
@@ -154,8 +126,7 @@ def check(device: str, algorithms: list[str], t: int, heads: int) -> tuple[list[
         if _unsupported(algorithm, device):
             rows.append(f"| {algorithm} | – | – | – | – | skipped (does not run on {device}) |")
             continue
-        cases = [(dtype, c, dilation) for dtype in DTYPES for c, dilation in ((2, 1), (8, 8), (4, 64))]
-        for dtype, c, dilation in cases:
+        for dtype, c, dilation in [(dtype, c, dilation) for dtype in DTYPES for c, dilation in cases]:
             start = time.perf_counter()
             if (dtype, c, dilation) not in references:
                 references[dtype, c, dilation] = _reference(dtype, t, heads, c, dilation)
@@ -168,97 +139,7 @@ def check(device: str, algorithms: list[str], t: int, heads: int) -> tuple[list[
     return rows, ok
 
 
-def _median_time(fn: Callable[[], None], device: str, reps: int) -> float:
-    fn()  # warm-up (and compile)
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: str, mib: int) -> float:
-    """Bytes/s of a device-to-device copy of `mib` MiB (each byte read once and written once)."""
-    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / _median_time(lambda: dst.copy_(src), device, 5)
-
-
-def _sdpa_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> None:
-    if q.is_cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
-    else:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
-
-
-def bench(device: str, algorithms: list[str], lengths: list[int], heads: int, dtype: str, reps: int,
-          copy_mib: int) -> list[str]:
-    measured = copy_bandwidth(device, copy_mib)
-    sheet = datasheet_bandwidth(device)
-    lines = [f"HBM floor: 8 · B·H·T·Dh · {torch.finfo(DTYPES[dtype]).bits // 8} bytes; bandwidth measured by a copy: "
-             f"{measured / 1e9:.0f} GB/s" + (f"; datasheet ({sheet[1]}): {sheet[0] / 1e12:.2f} TB/s" if sheet else
-                                              "; no datasheet bandwidth for this device"), "",
-             "| T | kernel | fwd+bwd (ms) | ÷ floor (measured copy) | ÷ floor (datasheet) |", "|---|---|---|---|---|"]
-    for t in lengths:
-        q, k, v, r, pk, pv = (x.detach().to(device, DTYPES[dtype]).requires_grad_() for x in _inputs(t, 8, heads, 64))
-        dout = torch.randn_like(q)
-        floor_bytes = 8 * q.numel() * q.element_size()
-        for name in [*algorithms, "sdpa-causal"]:
-            if _unsupported(name, device):
-                lines.append(f"| {t} | {name} | skipped (does not run on {device}) | – | – |")
-                continue
-            if name == "sdpa-causal":
-                step = lambda: _sdpa_step(q, k, v, dout)  # noqa: E731
-            else:
-                step = lambda: _run(name, [q, k, v, r, pk, pv], 8).backward(dout)  # noqa: E731
-            try:
-                seconds = _median_time(step, device, reps)
-            except ValueError as err:
-                if UNKNOWN not in str(err):
-                    raise
-                lines.append(f"| {t} | {name} | skipped (unknown algorithm in this checkout) | – | – |")
-                continue
-            except Exception as err:  # noqa: BLE001 (reported; the next kernel still runs)
-                lines.append(f"| {t} | {name} | error: {type(err).__name__}: {str(err)[:100]} | – | – |")
-                continue
-            over_sheet = f"{seconds / (floor_bytes / sheet[0]):.1f}×" if sheet else "–"
-            lines.append(f"| {t} | {name} | {1e3 * seconds:.2f} | {seconds / (floor_bytes / measured):.1f}× | "
-                         f"{over_sheet} |")
-            for x in (q, k, v, r, pk, pv):
-                x.grad = None
-    return lines
-
-
-# ------------------------------------------------------------------------------------ generation and profile
-
-
-def generation_speed(model_path: Path, context: int, new_tokens: int, device: str) -> list[str]:
-    """Decode tokens/s after a prompt of `context` random tokens: time(1 + N new) − time(1 new) over N, greedy."""
-    from regulargpt.generation import SamplingConfig, generate
-    from regulargpt.generation.loading import load_model
-
-    info = load_model(model_path, device=device, dtype="bf16" if device.startswith("cuda") else "fp32")
-    model = info.model
-    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
-
-    def run(n: int) -> float:
-        _sync(device)
-        start = time.perf_counter()
-        with torch.no_grad():
-            generate(model, prompt, n, SamplingConfig(greedy=True))
-        _sync(device)
-        return time.perf_counter() - start
-
-    run(2)  # warm-up
-    prefill, total = run(1), run(1 + new_tokens)
-    return [f"model {model_path} ({model.config.architecture}), context {context:,}, {new_tokens} new tokens, greedy",
-            "", f"prefill + first token: {prefill:.2f} s; decode: {new_tokens / max(total - prefill, 1e-9):.1f} tokens/s"]
+# ---------------------------------------------------------------------------------------------------- profile
 
 
 def device_self_ms(events: list) -> float:
@@ -304,53 +185,33 @@ def profile_step(config: str, sets: list[str], device: str, batch: int) -> list[
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("data")
-    d.add_argument("out", type=Path)
-    d.add_argument("--vocab", type=int, default=8000)
-    d.add_argument("--tokens", type=int, default=2_000_000)
-    for name in ("check", "bench", "generate", "profile"):
-        s = sub.add_parser(name)
-        s.add_argument("--device", default="cuda")
-        s.add_argument("--out", type=Path, required=True)
-        if name in ("check", "bench"):
-            s.add_argument("--algorithms", default="device")
-            s.add_argument("--heads", type=int, default=12)
-        if name == "check":
-            s.add_argument("--length", type=int, default=1000)
-            s.add_argument("--without", default="", help="comma-separated algorithms to leave out, e.g. flex")
-        if name == "bench":
-            s.add_argument("--lengths", default="4096,16384,65536")
-            s.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-            s.add_argument("--reps", type=int, default=5)
-            s.add_argument("--copy-mib", type=int, default=1024)
-        if name == "generate":
-            s.add_argument("model", type=Path)
-            s.add_argument("--context", type=int, default=16384)
-            s.add_argument("--new-tokens", type=int, default=64)
-        if name == "profile":
-            s.add_argument("--config", default="configs/base.json")
-            s.add_argument("--set", action="append", default=[])
-            s.add_argument("--batch", type=int, default=32)
+    s = sub.add_parser("check")
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--algorithms", default="device")
+    s.add_argument("--heads", type=int, default=12)
+    s.add_argument("--length", type=int, default=1003)
+    s.add_argument("--without", default="", help="comma-separated algorithms to leave out, e.g. flex")
+    s.add_argument("--cases", default=",".join(f"{c}:{d}" for c, d in CASES),
+                   help="C:dilation pairs, e.g. 2:1,16:16,8:64")
+    s = sub.add_parser("profile")
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--config", default="configs/base.json")
+    s.add_argument("--set", action="append", default=[])
+    s.add_argument("--batch", type=int, default=32)
     args = p.parse_args(argv)
-    if args.command == "data":
-        write_random_data(args.out, args.vocab, args.tokens)
-        return 0
-    names = _algorithms(args.algorithms, args.device) if args.command in ("check", "bench") else []
     if args.command == "check":
-        names = [name for name in names if name not in args.without.split(",")]
-        rows, ok = check(args.device, names, args.length, args.heads)
+        names = [name for name in _algorithms(args.algorithms, args.device) if name not in args.without.split(",")]
+        try:
+            cases = tuple((int(c), int(d)) for c, d in (pair.split(":") for pair in args.cases.split(",")))
+        except ValueError:
+            p.error(f"--cases {args.cases!r}: expected C:dilation pairs separated by commas, e.g. 2:1,16:16")
+        rows, ok = check(args.device, names, args.length, args.heads, cases)
         _write(args.out, f"Kernels against the fp64 dense reference on {args.device}", rows)
         return 0 if ok else 1
-    if args.command == "bench":
-        lengths = [int(x) for x in args.lengths.split(",")]
-        lines = bench(args.device, names, lengths, args.heads, args.dtype, args.reps, args.copy_mib)
-        _write(args.out, f"Kernel forward+backward on {args.device}, H = {args.heads}, {args.dtype}", lines)
-    elif args.command == "generate":
-        _write(args.out, f"Generation on {args.device}", generation_speed(args.model, args.context, args.new_tokens,
-                                                                            args.device))
-    else:
-        _write(args.out, f"Profile of one training step on {args.device}", profile_step(args.config, args.set,
-                                                                                        args.device, args.batch))
+    _write(args.out, f"Profile of one training step on {args.device}", profile_step(args.config, args.set,
+                                                                                    args.device, args.batch))
     return 0
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check rehearsed on this CPU machine under the GPU machine's software (`make rehearse-gpu`;
 # docs/GPU_CHECK.md, "Checking a GPU machine"): a fresh Python 3.12 venv with the image's exact library versions,
-# our carried wheels installed into it offline by eval/gpu_check.sh's own env step, then
-# `DEVICE=cpu bash eval/gpu_check.sh` and the non-slow suite in it; the report in $REPORT.
+# our carried wheels installed into it offline by eval/gpu_campaign.sh's own env step, then
+# `DEVICE=cpu bash eval/gpu_campaign.sh` (both parts) and the non-slow suite in it; the report in $REPORT.
 #
 #   bash eval/rehearse_gpu.sh                            # REHEARSAL_DIR=build/rehearse_gpu, about 2.8 GB of wheels
 #   REHEARSAL_DIR=/big/disk PYTHON312=/usr/bin/python3.12 JOBS=0 bash eval/rehearse_gpu.sh
@@ -90,11 +90,14 @@ print(f"\ntorch: CUDA build {torch.version.cuda}, torch.cuda.is_available() = {t
 EOF
 }
 
-check() {  # the GPU check's flow at tiny sizes, compile included, exactly as on the GPU machine (its env step
-  # installs eval/gpu_wheels offline into $WORK/deps)
+check() {  # the campaign's flow at tiny sizes, both parts, exactly as on the GPU machine (its env step installs
+  # eval/gpu_wheels offline into $WORK/deps)
   rm -rf "$DIR/check" "$DIR/work"
-  DEVICE=cpu OUT="$DIR/check" WORK="$DIR/work" PYTHON="$DIR/venv/bin/python" COMPILED="regular_gpt alibi" \
-    bash eval/gpu_check.sh
+  local rc=0
+  DEVICE=cpu OUT="$DIR/check" WORK="$DIR/work" PYTHON="$DIR/venv/bin/python" bash eval/gpu_campaign.sh || rc=1
+  DEVICE=cpu OUT="$DIR/check" WORK="$DIR/work" PYTHON="$DIR/venv/bin/python" bash eval/gpu_campaign.sh --part speed ||
+    rc=1
+  return $rc
 }
 
 suite() {  # the non-slow suite, with the check's deps (deepspeed and what it imports) on the path
@@ -127,15 +130,15 @@ phase suite suite
   echo "|---|---|"
   sed 's/^\([a-z]*\): \(.*\)$/| \1 | \2 |/' "$LOG"
   echo
-  echo "The check's steps (\`DEVICE=cpu bash eval/gpu_check.sh\`, tiny sizes, compile on for RegularGPT and ALiBi):"
+  echo "The campaign's steps (\`DEVICE=cpu bash eval/gpu_campaign.sh\` and \`--part speed\`, tiny sizes):"
   echo
   echo "| step | result |"
   echo "|---|---|"
-  sed 's/^\([a-z]*\): \(.*\)$/| \1 | \2 |/' "$DIR/check/summary.txt" 2>/dev/null
+  cat "$DIR/check/summary-lm.txt" "$DIR/check/summary-speed.txt" 2>/dev/null | sed 's/^\([a-z_]*\): \(.*\)$/| \1 | \2 |/'
   echo
   echo "The non-slow suite (\`pytest -m 'not slow' -n $JOBS\`): $(tail -1 "$DIR/suite.log")"
   grep -E "^(FAILED|ERROR|SKIPPED) " "$DIR/suite.log" | sed 's/^/    /'
 } > "$REPORT.tmp"
 mv "$REPORT.tmp" "$REPORT"
 cat "$REPORT"
-! grep -q -v ": exit 0 " "$LOG" "$DIR/check/summary.txt"
+! grep -q -v ": exit 0 " "$LOG" "$DIR/check/summary-lm.txt" "$DIR/check/summary-speed.txt"

@@ -59,7 +59,7 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 def run_env(**extra: str) -> dict[str, str]:
     """The environment of a child process: this checkout first on PYTHONPATH, then what was there (the packages
-    eval/gpu_check.sh installs beside an image, e.g.)."""
+    eval/gpu_campaign.sh installs beside an image, e.g.)."""
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=path)
     env.update(extra)

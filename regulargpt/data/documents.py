@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from regulargpt.data.encoding import split_code, unit_hash
 from regulargpt.data.sources import DataError, Source
 
 _READ_BLOCK = 1 << 20
@@ -36,6 +37,8 @@ class DocumentReader:
         self.skip_bad_rows, self.hf_cache = skip_bad_rows, hf_cache
         self.skipped: dict[str, int] = {}
         self.bytes_read = self.documents = self.bytes = self.chars = 0
+        self._file = 0  # index of the file the current document comes from
+        self._kept_splits: list[int] = []  # source.file_splits of each kept document's file, when the source fixes them
 
     @property
     def input_bytes(self) -> int:
@@ -44,6 +47,7 @@ class DocumentReader:
 
     def __iter__(self) -> Iterator[str]:
         self.skipped, self.bytes_read, self.documents, self.bytes, self.chars = {}, 0, 0, 0, 0
+        self._kept_splits = []
         for text in self._raw():
             if not text:
                 continue
@@ -51,7 +55,16 @@ class DocumentReader:
             if self.max_bytes is not None and self.bytes + size > self.max_bytes:
                 continue  # select_within: a document past the limit is skipped, later smaller ones still fit
             self.documents, self.bytes, self.chars = self.documents + 1, self.bytes + size, self.chars + len(text)
+            if self.source.file_splits:
+                self._kept_splits.append(self.source.file_splits[self._file])
             yield text
+
+    def split_of(self, index: int, seed: int, val_fraction: float, test_fraction: float) -> int:
+        """Split code (0 train, 1 val, 2 test) of kept document `index` (already read): its file's split where the
+        source fixes one (python-packages: by package), else the document rule of shards.assign_splits."""
+        if self.source.file_splits:
+            return self._kept_splits[index]
+        return split_code(unit_hash(seed, index), val_fraction, test_fraction)
 
     # ------------------------------------------------------------------------------------------ problems
     def _bad(self, reason: str, where: str) -> None:
@@ -84,7 +97,7 @@ class DocumentReader:
         if kind == "hf":
             yield from self._hub()
             return
-        for path in self.source.files:
+        for self._file, path in enumerate(self.source.files):
             if kind == "text":
                 yield self._text_file(path)
             elif kind == "json":

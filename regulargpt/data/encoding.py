@@ -104,9 +104,11 @@ def _init_worker(model_proto: bytes, options: dict[str, Any], parent_pid: int) -
     _STATE.update(sp=sp, cuts=SafeCuts(sp), **options)
 
 
-def encode_batch(first_index: int, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
+def encode_batch(first_index: int, texts: list[str], codes: list[int] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[bytes]]:
     """Encode documents first_index, first_index + 1, … → (split codes int8, tokens per document incl. eos int64,
-    characters per document int64, the concatenated tokens (+ eos) of each split's documents as bytes)."""
+    characters per document int64, the concatenated tokens (+ eos) of each split's documents as bytes). `codes`:
+    each document's split where the source fixes it (python-packages), else the hash rule of shards.assign_splits."""
     sp, cuts, dtype = _STATE["sp"], _STATE["cuts"], _STATE["dtype"]
     pieces = [cuts.chunks(t) for t in texts]
     chunks = [c for doc in pieces for c in doc]
@@ -121,8 +123,10 @@ def encode_batch(first_index: int, texts: list[str]) -> tuple[np.ndarray, np.nda
     ntokens = np.bincount(doc_of_chunk, weights=per_chunk, minlength=len(texts)).astype(np.int64)
     flat = np.insert(flat, np.cumsum(ntokens), sp.eos_id()).astype(dtype, copy=False)
     ntokens += 1
-    codes = np.array([split_code(unit_hash(_STATE["seed"], first_index + k), _STATE["val_fraction"],
-                                 _STATE["test_fraction"]) for k in range(len(texts))], dtype=np.int8)
+    if codes is None:
+        codes = [split_code(unit_hash(_STATE["seed"], first_index + k), _STATE["val_fraction"],
+                            _STATE["test_fraction"]) for k in range(len(texts))]
+    codes = np.array(codes, dtype=np.int8)
     token_codes = np.repeat(codes, ntokens)
     nchars = np.array([len(t) for t in texts], dtype=np.int64)
     return codes, ntokens, nchars, [flat[token_codes == c].tobytes() for c in range(3)]

@@ -174,7 +174,7 @@ def _sample_and_train(reader: DocumentReader, work: Path, vocab_size: int, sampl
     t0 = time.perf_counter()
     with _bar("sample (read)", reader.input_bytes) as bar:
         for index, text in enumerate(reader):
-            code = split_code(unit_hash(seed, index), *fractions)
+            code = reader.split_of(index, seed, *fractions)
             codes.append(code)
             if code == 0:
                 sample.add(index, text)
@@ -207,17 +207,25 @@ def _check_count(reader: DocumentReader) -> None:
                         f"need at least 3 documents to make train/val/test splits")
 
 
-def _batches(reader: DocumentReader, skip: int) -> Iterator[tuple[int, list[str]]]:
-    """(index of the first document, texts) of about BATCH_CHARS characters each, after the first `skip`."""
+def _batches(reader: DocumentReader, skip: int, seed: int, fractions: tuple[float, float]
+             ) -> Iterator[tuple[int, list[str], list[int] | None]]:
+    """(index of the first document, texts, their split codes where the source fixes them, else None) of about
+    BATCH_CHARS characters each, after the first `skip`."""
     index, texts, chars = skip, [], 0
+    fixed = bool(reader.source.file_splits)
+
+    def batch() -> tuple[int, list[str], list[int] | None]:
+        codes = [reader.split_of(index + k, seed, *fractions) for k in range(len(texts))] if fixed else None
+        return index, texts, codes
+
     for text in itertools.islice(reader, skip, None):
         texts.append(text)
         chars += len(text)
         if chars >= BATCH_CHARS:
-            yield index, texts
+            yield batch()
             index, texts, chars = index + len(texts), [], 0
     if texts:
-        yield index, texts
+        yield batch()
 
 
 def _encode(reader: DocumentReader, work: Path, tok: Tokenizer, dtype: str, procs: int, seed: int,
@@ -230,7 +238,7 @@ def _encode(reader: DocumentReader, work: Path, tok: Tokenizer, dtype: str, proc
     last = -CHECKPOINT_SECONDS  # the first batch is checkpointed at once, then every CHECKPOINT_SECONDS
     try:
         with EncoderPool(tok.model_proto, options, procs) as pool, _bar("encode (read)", reader.input_bytes) as bar:
-            for result in pool.map(_batches(reader, writer.documents)):
+            for result in pool.map(_batches(reader, writer.documents, seed, fractions)):
                 writer.append(*result)
                 bar.update(reader.bytes_read - bar.n)
                 if time.monotonic() - last > CHECKPOINT_SECONDS:
@@ -273,7 +281,8 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
     out = Path(out)
     _check_out(out)
     t0 = time.perf_counter()
-    src = resolve_source(source, max_bytes=max_bytes, cache_dir=cache_dir)  # a bad source: nothing is created
+    src = resolve_source(source, max_bytes=max_bytes, cache_dir=cache_dir, seed=seed,  # a bad source: nothing is
+                         fractions=(val_fraction, test_fraction))  # created
     options = {"text_field": text_field, "max_bytes": max_bytes, "seed": seed, "val_fraction": val_fraction,
                "test_fraction": test_fraction, "vocab_size": None if given else vocab_size,
                "skip_bad_rows": skip_bad_rows, "tokenizer_sample_bytes": None if given else sample_bytes}
@@ -315,7 +324,8 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
                           "sample": sample},
             "splits": splits,
             "source": {"spec": source, "kind": src.kind, "files": len(src.files), "documents": reader.documents,
-                       "bytes": reader.bytes, "chars": reader.chars, "skipped": reader.skipped},
+                       "bytes": reader.bytes, "chars": reader.chars, "skipped": reader.skipped,
+                       **({"packages": src.packages} if src.packages is not None else {})},
             "options": options, "input_fingerprint": fingerprint,
             "stats": {"chars_per_token": cpt, "num_proc": procs,
                       "seconds": {"read": (sample or {}).get("seconds", 0.0),

@@ -7,6 +7,8 @@ A *source spec* is one string (the `--source` of `data_prep/prepare.py`):
 - `hf:<name>[:<config>]`: the `train` split of a `datasets` hub dataset (needs a reachable hub; never used by tests);
 - `python-stdlib`: the `*.py` files of the running interpreter's standard library (no tests, no site-packages),
   one document per file — the embedded default that every machine has;
+- `python-packages`: the `*.py` files of every installed package, one document per file, split into train/val/test
+  by package (regulargpt/data/python_packages.py: `file_splits` holds each file's split);
 - `debian-prose` / `debian-code` / `debian-latex`: text harvested from Debian packages with `apt-get download` +
   `dpkg-deb -x` into a cache folder (no root, no system install), mirroring KERPLE's OpenWebText2/GitHub/ArXiv domains.
 
@@ -35,11 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from regulargpt.data import python_packages
 from regulargpt.errors import UserError
 
 
 SourceKind = Literal["text", "json", "parquet", "hf"]
-KNOWN_SOURCES = ("python-stdlib", "debian-prose", "debian-code", "debian-latex")
+KNOWN_SOURCES = ("python-stdlib", "python-packages", "debian-prose", "debian-code", "debian-latex")
 _STDLIB_EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 
 
@@ -82,6 +85,8 @@ class Source:
     hash_content: bool = False  # fingerprint by content (python-stdlib) instead of size + mtime
     hf_name: str = ""
     hf_config: str | None = None
+    file_splits: tuple[int, ...] = ()  # a split code per file (0 train, 1 val, 2 test) where the source fixes it
+    packages: dict[str, dict] | None = None  # python-packages: {package: {"files", "bytes", "split"}}
 
     def fingerprint_items(self) -> list[list[str | int]]:
         """What identifies the inputs: `[name, size, mtime_ns]` per file, or `[name, sha256]` when hashing content."""
@@ -157,10 +162,12 @@ def _kind_of(path: Path) -> SourceKind:
     return "text"
 
 
-def resolve_source(spec: str, *, max_bytes: int | None = None, cache_dir: str | Path | None = None) -> Source:
+def resolve_source(spec: str, *, max_bytes: int | None = None, cache_dir: str | Path | None = None, seed: int = 0,
+                   fractions: tuple[float, float] = (0.05, 0.05)) -> Source:
     """Resolve a source spec to ordered input files (fetching Debian packages into `cache_dir` if needed).
 
-    For one-document-per-file sources, `max_bytes` already selects the file prefix here.
+    For one-document-per-file sources, `max_bytes` already selects the file prefix here; `python-packages` also
+    assigns each file its package's split from `seed` and `fractions` (val, test).
 
     Example:
 
@@ -174,6 +181,12 @@ def resolve_source(spec: str, *, max_bytes: int | None = None, cache_dir: str | 
     if spec == "python-stdlib":
         root, files = stdlib_files()
         return Source(spec, "text", tuple(_prefix_files(files, max_bytes)), root=root, hash_content=True)
+    if spec == python_packages.SPEC:
+        try:
+            files, splits, packages = python_packages.resolve_python_packages(max_bytes, seed, *fractions)
+        except python_packages.PackageSplitError as err:
+            raise DataError(str(err)) from None
+        return Source(spec, "text", tuple(files), file_splits=tuple(splits), packages=packages)
     if spec in DEBIAN_SOURCES:
         cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         files = [f for part in DEBIAN_SOURCES[spec] for f in debian_files(part, cache)]
