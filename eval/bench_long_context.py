@@ -65,7 +65,7 @@ def role_of(cfg: Config) -> str | None:
     """The bench role of a config, or None for one the bench does not time."""
     m = cfg.model
     if m.architecture == "regular_gpt" and m.head == "lm":
-        return "regular_gpt_train" if m.depth_policy == "train" else "regular_gpt" if m.depth_policy == "adaptive" else None
+        return {"train": "regular_gpt_train", "adaptive": "regular_gpt"}.get(m.depth_policy)
     if m.architecture == "transformer" and m.head == "lm" and m.position == "alibi" and not m.window:
         return "alibi"
     return None
@@ -108,7 +108,8 @@ def attention_kind(cfg: Config, device: str) -> str:
     dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
     if m.architecture == "regular_gpt":
         steps = layer_applications(cfg, t) // m.thickness
-        return "+".join(sorted({choose_algorithm(m.chunk_size, m.chunk_size**s, t, dtype, device) for s in range(steps)}))
+        kinds = {choose_algorithm(m.chunk_size, m.chunk_size**s, t, dtype, device) for s in range(steps)}
+        return "+".join(sorted(kinds))
     backend = dense_attention.attention_backend(torch.device(device), t, t, m.position != "none")
     return "chunked (flex failed)" if backend == "chunked" and device == "cuda" else backend
 
@@ -192,15 +193,21 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise PointTimeout
 
 
+def point_row(role: str, source: str, cfg: Config, device: str, status: str) -> dict[str, Any]:
+    """The fields of a point's row known before it runs: T, batch, layer applications, F_step, the plan (ZeRO-0,
+    one GPU: the bench's layout of weights, gradients and fp32 master/Adam states), attention kernel, status."""
+    t = cfg.data.seq_len
+    plan = estimate(cfg, 1, 0, device=device).total(cfg.train.activation_checkpointing) / GIB
+    return {"T": t, "model": role, "config": source, "batch": cfg.train.batch_size,
+            "layer_applications": layer_applications(cfg, t), "step_flops": step_flops(cfg), "plan_gib": plan,
+            "steps_timed": 0, "attention": attention_kind(cfg, device), "status": status}
+
+
 def run_point(role: str, source: str, cfg: Config, device: torch.device, steps: int, warmup: int,
               limit_s: float) -> dict[str, Any]:
     """One row: the timing, or the status of a failure, an out-of-memory or a timeout; memory freed after."""
     cuda = device.type == "cuda"
-    t = cfg.data.seq_len
-    row: dict[str, Any] = {"T": t, "model": role, "config": source, "batch": cfg.train.batch_size,
-                           "layer_applications": layer_applications(cfg, t), "step_flops": step_flops(cfg),
-                           "plan_gib": estimate(cfg, 1, 0, device=device.type).total(
-                               cfg.train.activation_checkpointing) / GIB, "steps_timed": 0, "status": "ok"}
+    row = point_row(role, source, cfg, device.type, "ok")
     _reset_peak(cuda)
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(limit_s, 1e-3))
@@ -216,7 +223,7 @@ def run_point(role: str, source: str, cfg: Config, device: torch.device, steps: 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     row["peak_gib"] = _peak_gib(cuda)
-    row["attention"] = attention_kind(cfg, device.type)
+    row["attention"] = attention_kind(cfg, device.type)  # again: a FlexAttention failure switches ALiBi to chunked
     gc.collect()
     if cuda:
         torch.cuda.synchronize()
@@ -337,11 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         source, cfg = points[role, t]
         left = args.budget_s - (time.monotonic() - START)
         if left < 1.0:
-            row = {"T": t, "model": role, "config": source, "batch": cfg.train.batch_size,
-                   "layer_applications": layer_applications(cfg, t), "step_flops": step_flops(cfg),
-                   "plan_gib": estimate(cfg, 1, 0, device=device.type).total(cfg.train.activation_checkpointing) / GIB,
-                   "steps_timed": 0, "attention": attention_kind(cfg, device.type),
-                   "status": f"skipped: the {args.budget_s:g} s budget was spent"}
+            row = point_row(role, source, cfg, device.type, f"skipped: the {args.budget_s:g} s budget was spent")
         else:
             row = run_point(role, source, cfg, device, args.steps, args.warmup, min(args.point_limit_s, left))
         rows.append(row)

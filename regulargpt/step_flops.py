@@ -8,7 +8,7 @@ head) runs every layer application's forward once more in the backward::
 
     F_step = B·T · (3·(A + h) + [checkpointing]·A)
 
-    RegularGPT  A = K·L · (2·(4d² + 2f·d²) + 4·C·d)       L = ceil(log_C T) (adaptive), ceil(log_C T_train) (train)
+    RegularGPT  A = K·L · (2·(4d² + 2f·d²) + 4·C·d)    L = ceil(log_C T) (adaptive), ceil(log_C T_train) (train)
     dense       A = n_layers · (2·(4d² + 2f·d²) + 4·d·(T+1)/2)   (a causal query sees (T+1)/2 keys on average)
 
 The 2·(4d² + 2f·d²) are the q, k, v, output and FFN matmuls; 4·C·d and 4·d·(T+1)/2 the two attention products
