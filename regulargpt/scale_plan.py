@@ -30,8 +30,13 @@ plus attention:
 * RegularGPT ``shift`` (CPU, small C): q (as the qkv output, 3d), the pad-extended keys and values
   2d·(N+C−1)/N, fp32 probabilities 4·H·C;
 * RegularGPT ``blocked`` (CPU, larger C): q d, keys and values of two blocks 4d, probabilities H·2C in fp32 and b;
-* RegularGPT ``flex`` (CUDA; FlexAttention's saved q, k, v, out and log-sum-exp, not measured here): 4d + 4H/b;
-* dense with a bias (ALiBi): the qkv output 3d, and per head the fp32 and b probabilities of every query chunk
+* RegularGPT ``cpp`` (the C++ CPU operator): q, k, v as views of the qkv output 3d, fp32 probabilities 4·H·C;
+  ``triton`` (the CUDA kernel, where `choose_algorithm` picks it): the same views and an fp32 log-sum-exp 4·H.
+  The attention of each depth step is the algorithm `choose_algorithm` picks on the planned device (CUDA today:
+  the shift/blocked rule, blocked at C = 8 in bf16 until the folded length N <= 4);
+* dense with a bias (ALiBi) on CUDA: FlexAttention (dense_attention.attention_backend) saves q, k, v (views of the
+  qkv output, 3d), its output d and the fp32 log-sum-exp 4H: 4d·b + 4H per token, O(T) (from the kernel's contract);
+* dense with a bias (ALiBi) on CPU: the qkv output 3d, and per head the fp32 and b probabilities of every query chunk
   against its visible keys: Σ_chunks c·end ≈ T²/2 per sequence — O(T²) stored for training whatever the chunking
   (chunking bounds only the transient score block). In fp32 a fixed bias runs SDPA's flash kernel instead, which
   saves q, k, v and its log-sum-exp per layer (its output is the output projection's input) and, once per pass, the masked fp32 bias blocks the layers
@@ -43,8 +48,8 @@ memory per step. With activation checkpointing every layer application keeps onl
 one application is recomputed at a time. The head keeps the final LayerNorm input, the head's input and the fp32
 log-softmax (4V per token); the loss briefly holds the logits in b and in fp32 besides ((b + 4)·V per token).
 
-**Step time**: FLOPs per token from the model's ``flops_per_token(T)`` (×4/3 with checkpointing: one forward
-recomputed) × tokens per rank ÷ (peak FLOP/s × MFU).
+**Step time**: the step's FLOPs (:func:`regulargpt.step_flops.step_flops`: 3 × the forward, plus the layers'
+forward once more with checkpointing) × micro-batches per rank ÷ (peak FLOP/s × MFU).
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ import torch
 from regulargpt.config import Config, ConfigError, ModelConfig
 from regulargpt.model import adaptive_depth, build_model
 from regulargpt.model.dense_attention import query_chunk_size
-from regulargpt.model.sliding_dilated import choose_band, fused_algorithm
+from regulargpt.model.sliding_dilated import choose_algorithm
+from regulargpt.step_flops import step_flops
 
 __all__ = ["Cluster", "ModelSize", "MemoryEstimate", "model_size", "precision_bytes", "model_state_bytes",
            "zero_buffers", "activation_bytes", "estimate", "step_seconds", "longest_length", "choose_stage",
@@ -168,6 +174,8 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
     d, h, tokens = cfg.d_model, cfg.n_heads, batch * length
     probs = 4 + (b if b != 4 else 0)  # fp32 softmax output, and its cast to the working precision
     if cfg.architecture == "transformer":
+        if cfg.position in ("alibi",) and device == "cuda":  # FlexAttention: q, k, v (qkv views), out, lse
+            return [float((4 * d * b + 4 * h) * tokens)] * cfg.n_layers
         if cfg.position in ("alibi",):
             rows = _dense_score_elements(batch, cfg, length)
             if b >= 4:  # fp32: SDPA's flash kernel with the shared fp32 bias blocks as its mask (saved once)
@@ -180,14 +188,16 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
         return [float(per_layer)] * cfg.n_layers
     c, out = cfg.chunk_size, []
     dtype = torch.float32 if b == 4 else torch.bfloat16
-    for level in range(adaptive_depth(length, c)):
+    train_depth = cfg.depth_policy == "train" and cfg.train_length  # ceil(log_C T_train) steps at every T
+    for level in range(adaptive_depth(cfg.train_length if train_depth else length, c)):
         dil = c**level
         n = -(-length // dil)
-        if device == "cuda":
-            step = (4 * d * b + 4 * h) * batch * dil * n
-        elif fused_algorithm("cpu") == "cpp":  # the C++ operator: q, k, v as views of the qkv output, fp32 probs
+        algorithm = choose_algorithm(c, dil, length, dtype, device)
+        if algorithm == "cpp":  # the C++ operator: q, k, v as views of the qkv output, fp32 probs
             step = (3 * d * b + 4 * h * c) * tokens
-        elif choose_band(c, dil, length, dtype) == "shift":
+        elif algorithm == "triton":  # the Triton kernel: q, k, v as views of the qkv output, fp32 log-sum-exp
+            step = (3 * d * b + 4 * h) * tokens
+        elif algorithm == "shift":
             q = 3 * d * b * tokens if n * dil == length else d * b * batch * dil * n
             step = q + 2 * d * b * batch * dil * (n + c - 1) + 4 * h * c * batch * dil * n
         else:
@@ -200,7 +210,8 @@ def _attention_bytes(cfg: ModelConfig, length: int, batch: int, b: int, device: 
 def activation_bytes(cfg: Config, length: int | None = None, batch: int | None = None,
                      checkpointing: bool | None = None, device: str = "cuda") -> float:
     """Peak activation bytes of one micro-batch's forward+backward (module docstring). `device` picks the attention
-    algorithm RegularGPT runs ("cuda": FlexAttention, "cpu": the shift/blocked rule)."""
+    algorithm each model runs there: RegularGPT's `choose_algorithm` at every depth step (CUDA today: the
+    shift/blocked rule), ALiBi's FlexAttention on "cuda" and its query-chunked path on "cpu"."""
     m = cfg.model
     if m.head != "lm" or m.architecture not in ("regular_gpt", "transformer"):
         raise ConfigError(f"model.architecture: {m.architecture!r} with head {m.head!r} is not modelled by the "
@@ -249,16 +260,14 @@ def estimate(cfg: Config, ranks: int, stage: int, length: int | None = None, bat
 
 
 def step_seconds(cfg: Config, cluster: Cluster, length: int | None = None, checkpointing: bool | None = None) -> float:
-    """One optimizer step: flops_per_token(T) × B·T·grad_accum per rank ÷ (peak × MFU); ×4/3 with checkpointing.
+    """One optimizer step: step_flops (B·T·(3·(A + h) + [checkpointing]·A)) × grad_accum ÷ (peak × MFU).
 
     Worked example: base RegularGPT, T 512, B 32 → 3·(12·(2·(4d² + 8d²) + 4·8·d) + 2·d·V) = 5.47e8 FLOP/token,
     × 16,384 tokens ÷ (312e12 × 0.35) = 82 ms.
     """
     t = cfg.data.seq_len if length is None else length
     ac = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
-    with torch.device("meta"):
-        model = build_model(cfg.model)
-    flops = model.flops_per_token(t) * cfg.train.batch_size * t * cfg.train.grad_accum * (4 / 3 if ac else 1)
+    flops = step_flops(cfg, t, cfg.train.batch_size, ac) * cfg.train.grad_accum
     return flops / (cluster.peak_tflops * 1e12 * cluster.mfu)
 
 

@@ -123,22 +123,28 @@ def test_activations_hand_computed_and_linear_at_fixed_depth() -> None:
     attention = 12 * 512 if fused_algorithm("cpu") == "cpp" else 8 * 1024 + 4 * 1216
     per_token = 12 * 1672 + attention + 2308 + 6 * 512
     assert activation_bytes(cfg, 256, 1, False, "cpu") == per_token * 256
-    cuda = [activation_bytes(cfg, t, 2, False, "cuda") for t in (128, 256, 512)]  # all depth 3 at C = 8
-    assert cuda[1] == 2 * cuda[0] and cuda[2] == 2 * cuda[1]
+    cuda = (12 * 1672 + 8 * 1024 + 4 * 1216 + 2308 + 6 * 512) * 256  # CUDA runs the blocked/shift rule today
+    assert activation_bytes(cfg, 256, 1, False, "cuda") == cuda
+    # ALiBi on CUDA (FlexAttention: q, k, v views 3·64·2, out 64·2, fp32 lse 4·4 = 528): linear in T
     dense = [activation_bytes(load_config(ALIBI, SMALL), t, 1, False, "cuda") for t in (128, 256)]
-    assert dense[1] > 3 * dense[0]  # the T² probabilities dominate
+    assert dense[1] == (12 * (1672 + 528) + 2308 + 6 * 512) * 256 == 2 * dense[0]
+    cpu_dense = [activation_bytes(load_config(ALIBI, SMALL), t, 1, False, "cpu") for t in (128, 256)]
+    assert cpu_dense[1] > 3 * cpu_dense[0]  # the query-chunked path's T² probabilities dominate
     with_ac = activation_bytes(cfg, 256, 1, True, "cpu")
     assert with_ac < activation_bytes(cfg, 256, 1, False, "cpu") / 2
 
 
 def test_plan_base_on_the_kerple_cluster() -> None:
-    """8 × 80 GB: the base config fits at ZeRO-0; RegularGPT reaches a longer T than ALiBi at the same batch."""
+    """8 × 80 GB: the base config fits at ZeRO-0. At the same batch RegularGPT reaches a longer T than ALiBi's
+    query-chunked CPU path (O(T²) probabilities), a shorter one than ALiBi's FlexAttention on CUDA (O(T), and 12
+    layer applications against RegularGPT's 20 beyond T = 4,096)."""
     cluster = Cluster()
     stage, why = choose_stage(load_config(BASE), cluster)
     assert stage == 0 and "lowest stage that fits" in why
-    regular = longest_length(load_config(BASE), cluster, 0, False, batch=1)
-    alibi = longest_length(load_config(ALIBI), cluster, 0, False, batch=1)
+    regular, alibi = (longest_length(load_config(p), cluster, 0, False, batch=1, device="cpu") for p in (BASE, ALIBI))
     assert regular > 4 * alibi > 0
+    regular, alibi = (longest_length(load_config(p), cluster, 0, False, batch=1) for p in (BASE, ALIBI))
+    assert alibi > regular > 0
     assert step_seconds(load_config(BASE), cluster) > 0
 
 
@@ -182,3 +188,18 @@ def test_cli_rejects_unknown_cluster_key(tmp_path: Path) -> None:
     cluster.write_text(json.dumps({"gpus_per_nod": 8}))
     with pytest.raises(ConfigError, match=r"c.json.gpus_per_nod: unknown key; did you mean 'gpus_per_node'"):
         plan.main(["--config", str(BASE), "--cluster", str(cluster)])
+
+
+def test_long_context_plan_by_hand_at_64k() -> None:
+    """configs/long at T = 65,536, B 1, bf16, checkpointing, on CUDA (d 768, H 12, C 8, K 4, V 8000). Per token:
+    each layer application keeps its input (2·768 = 1536) and one is recomputed at a time, the largest: common
+    2·(5·768 + 8·768) + 8 = 19,976 plus, RegularGPT's last depth step (dilation 32,768, N = 2: shift) q 3·768·2 +
+    pad-extended keys/values 2·768·2·9/2 + fp32 probabilities 4·12·8 = 18,816 (the blocked steps 8,832), ALiBi's
+    FlexAttention 4·768·2 + 4·12 = 6,192; head 2·768·2 + 4 + 4·8000 = 35,076, loss 6·8000 = 48,000."""
+    tail = 35_076 + 48_000
+    regular = load_config(ROOT / "configs/long/regular_gpt_64k.json")
+    alibi = load_config(ROOT / "configs/long/alibi_64k.json")
+    assert activation_bytes(regular, device="cuda") == (24 * 1536 + 19_976 + 18_816 + tail) * 65536
+    assert activation_bytes(alibi, device="cuda") == (12 * 1536 + 19_976 + 6_192 + tail) * 65536
+    train = load_config(ROOT / "configs/long/regular_gpt_train_64k.json")  # 3 steps: dilations 1, 8, 64 (blocked)
+    assert activation_bytes(train, device="cuda") == (12 * 1536 + 19_976 + 8_832 + tail) * 65536
