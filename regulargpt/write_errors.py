@@ -56,7 +56,7 @@ class DiskFullError(WriteError):
 
 def _existing(path: Path) -> Path:
     path = path.resolve()
-    while not path.exists():
+    while not os.path.exists(path):  # False too for what this process may not look into
         path = path.parent
     return path
 

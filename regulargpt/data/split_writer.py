@@ -76,7 +76,8 @@ class SplitWriter:
 
     @staticmethod
     def _open(path: Path, size: int) -> BinaryIO:
-        handle = open(path, "r+b" if path.exists() else "w+b")
+        with explain_write_error(path, "the split file"):
+            handle = open(path, "r+b" if path.exists() else "w+b")
         handle.truncate(size)
         handle.seek(size)
         return handle
