@@ -67,18 +67,21 @@ def _env() -> dict[str, str]:
 
 def _files(folder: Path) -> dict[str, object]:
     """Every file of a data folder by relative path (lock files aside): its bytes; the manifest without the fields
-    that say when, by which command and how fast it was made (``created_at``, ``command``, ``stats.seconds``)."""
+    that say when, by which command and how fast it was made (``created_at``, ``command``, every ``seconds``)."""
     files: dict[str, object] = {}
     for path in sorted(folder.rglob("*")):
         if path.is_file() and not path.name.endswith(".lock"):
             files[str(path.relative_to(folder))] = path.read_bytes()
     if "manifest.json" in files:
-        manifest = json.loads(files["manifest.json"])  # type: ignore[arg-type]
-        for key in ("created_at", "command"):
-            manifest.pop(key, None)
-        manifest.get("stats", {}).pop("seconds", None)
-        files["manifest.json"] = manifest
+        files["manifest.json"] = _timeless(json.loads(files["manifest.json"]))  # type: ignore[arg-type]
     return files
+
+
+def _timeless(value: object) -> object:
+    """`value` without the keys that say when, by which command and how fast (created_at, command, seconds)."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k not in ("created_at", "command", "seconds")}
+    return [_timeless(v) for v in value] if isinstance(value, list) else value
 
 
 def _weights(model_file: Path) -> dict[str, bytes]:

@@ -52,3 +52,27 @@ def test_the_comparisons_catch_a_row_twice_a_changed_weight_and_a_changed_shard(
     assert harness._files(tmp_path / "x") != harness._files(tmp_path / "y")
     (tmp_path / "y" / "train.bin").write_bytes(b"\x00\x01")
     assert harness._files(tmp_path / "x") == harness._files(tmp_path / "y")
+
+
+def test_a_resumed_preparation_leaves_no_temporary_of_the_killed_run_in_the_work_folder(tmp_path: Path) -> None:
+    """The harness's finding: a preparation killed while writing its work folder's owner record left
+    `.owner.json.<pid>.tmp` there, and the rerun, which reuses that folder and installs it as the data folder,
+    carried it along. The dead writer's temporary goes; a running writer's stays."""
+    import subprocess
+    import sys
+
+    from regulargpt.data.rebuild import claim_work_folder
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        work = tmp_path / "out" / ".work-abc"
+        work.mkdir(parents=True)
+        (work / f".owner.json.{dead}.tmp").write_text("{")
+        (work / f".owner.json.{live.pid}.tmp").write_text("{")
+        claim_work_folder(tmp_path / "out", ".work-abc")
+        assert sorted(p.name for p in work.iterdir()) == [f".owner.json.{live.pid}.tmp", "owner.json"]
+    finally:
+        live.kill()
+        live.wait()
