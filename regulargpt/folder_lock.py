@@ -58,8 +58,7 @@ from regulargpt.errors import UserError
 from regulargpt.files import atomic_write_text
 
 __all__ = ["HEARTBEAT_S", "STALE_S", "WRITER_LOCK", "FolderLock", "FolderInUseError", "hold_folder", "hold_target",
-           "read_holder",
-           "describe_holder", "pid_start_time"]
+           "read_holder", "describe_holder", "pid_start_time"]
 
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
@@ -294,7 +293,8 @@ class FolderLock:
 
 
 @contextmanager
-def hold_folder(folder: str | Path, role: str, flag: str = "--out", lock_file: str = WRITER_LOCK) -> Iterator[FolderLock]:
+def hold_folder(folder: str | Path, role: str, flag: str = "--out",
+                lock_file: str = WRITER_LOCK) -> Iterator[FolderLock]:
     """Hold `folder`'s writer lock for the block (released on the way out); a takeover of a dead holder's lock is
     one ``note:`` line on stderr; a folder the lock created and the job left empty (it refused its input) is removed
     again. Example: ``with hold_folder(args.out, "evaluation"): sweep(...)``."""

@@ -35,8 +35,8 @@ class ResultsFile:
         return {row_key(r): r for r in self.rows}
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append `row` as one fsynced line; a failed write is one WriteError line (regulargpt.write_errors) (a partly written line is the
-        torn tail the next open cuts off)."""
+        """Append `row` as one fsynced line; a failed write is one WriteError line (regulargpt.write_errors; a partly
+        written line is the torn tail the next open cuts off)."""
         line = (json.dumps(row, sort_keys=True) + "\n").encode()
         with explain_write_error(self.path, "a result row to", len(line)):
             self.path.parent.mkdir(parents=True, exist_ok=True)
