@@ -23,6 +23,7 @@ from regulargpt.cli import run  # noqa: E402
 from regulargpt.data import prepare  # noqa: E402
 from regulargpt.data.sources import KNOWN_SOURCES  # noqa: E402
 from regulargpt.data.tokenizer_sample import DEFAULT_SAMPLE_BYTES  # noqa: E402
+from regulargpt.folder_lock import hold_target  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                         "would stop matching)")
     args = p.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    with hold_target(Path(args.out), "data preparation"):  # one writer per --out
+        _prepare(args, command)
+    return 0
+
+
+def _prepare(args: argparse.Namespace, command: str) -> None:
     prepare(args.source, args.out, vocab_size=args.vocab_size, tokenizer=args.tokenizer, max_bytes=args.max_bytes,
             seed=args.seed, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
             text_field=args.text_field, num_proc=args.num_proc, cache_dir=args.cache_dir, force=args.force,
             skip_bad_rows=args.skip_bad_rows, sample_bytes=args.tokenizer_sample_bytes, command=command)
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ Format (a plain dict saved with ``torch.save``; loads with ``weights_only=True``
      "state_dict": {name: fp32 tensor},
      "meta": {"step": int, ...}}                           # free-form, JSON-able
 
-Written atomically (temporary name + rename); a full disk is one DiskFullError line naming the device, the file
-and the megabytes needed (:func:`regulargpt.files.explain_disk_full`). :func:`save_safetensors_file` writes the same weights as a plain
+Written atomically (temporary name + rename); a failed write (full disk, quota, read-only file system, …) is one
+WriteError line naming the file and the cause (:func:`regulargpt.write_errors.explain_write_error`).
+:func:`save_safetensors_file` writes the same weights as a plain
 ``model.safetensors`` (``python launch/export.py RUN --format safetensors``): the state dict under our names, the
 config and meta as JSON strings in its header metadata (``format``, ``config``, ``meta``); a head tied to the
 embedding is stored under both names (safetensors holds no shared tensors).
@@ -16,11 +17,8 @@ embedding is stored under both names (safetensors holds no shared tensors).
 
 from __future__ import annotations
 
-import errno
 import io
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,8 @@ from torch import nn
 
 from regulargpt.config import Config, FormalConfig, config_from_saved, config_to_dict, formal_config_from_saved
 from regulargpt.errors import UserError
-from regulargpt.files import atomic_write_bytes, explain_disk_full
+from regulargpt.files import atomic_write_bytes
+from regulargpt.write_errors import explain_write_error
 
 __all__ = ["CheckpointError", "save_model_file", "save_safetensors_file", "load_model_file"]
 
@@ -47,21 +46,8 @@ def save_model_file(path: str | Path, cfg: Config | FormalConfig, model: nn.Modu
                "meta": dict(meta or {})}
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    with _writing(path, "the model file", len(buffer.getvalue())):
+    with explain_write_error(path, "the model file", len(buffer.getvalue())):
         atomic_write_bytes(path, buffer.getvalue())
-
-
-@contextmanager
-def _writing(path: str | Path, what: str, size: int) -> Iterator[None]:
-    """A full disk (DiskFullError) or a folder this process cannot write (CheckpointError) as one line."""
-    try:
-        with explain_disk_full(path, what, size):
-            yield
-    except OSError as err:
-        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        raise CheckpointError(f"{path}: cannot write {what} ({err.strerror}); choose another --out or make "
-                              f"{Path(path).parent} writable") from None
 
 
 def _fp32_cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -79,7 +65,7 @@ def save_safetensors_file(path: str | Path, cfg: Config | FormalConfig, model: n
     header = {"format": _FORMAT, "config": json.dumps(config_to_dict(cfg), sort_keys=True),
               "meta": json.dumps(dict(meta or {}), sort_keys=True)}
     data = save(state, metadata=header)
-    with _writing(path, "the safetensors file", len(data)):
+    with explain_write_error(path, "the safetensors file", len(data)):
         atomic_write_bytes(path, data)
 
 

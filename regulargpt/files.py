@@ -17,7 +17,6 @@ file and the line.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
 __all__ = [
     "read_json_object",
     "CorruptFileError",
-    "DiskFullError",
-    "explain_disk_full",
     "TornLineWarning",
     "atomic_open",
     "atomic_savefig",
@@ -58,65 +55,6 @@ class CorruptFileError(UserError, ValueError):
 
 class TornLineWarning(UserWarning):
     """A JSONL file's last line has no newline: its writer was killed mid-append; the line is not a row."""
-
-
-class DiskFullError(UserError):
-    """A write failed because its file system is full (or over quota); the message names the device, the path and
-    the space needed."""
-
-
-def _mount_point(path: Path) -> Path:
-    path = path.resolve()
-    while not path.exists():
-        path = path.parent
-    while not os.path.ismount(path):
-        path = path.parent
-    return path
-
-
-def disk_full_message(path: str | Path, what: str, needed_bytes: int | None = None) -> str:
-    """One line for a write that ran out of space, e.g. "no space left on /dev (mounted at /mnt/small) while writing
-    the checkpoint run/global_step40/model.pt: 12.3 MB needed, 0.4 MB free"."""
-    path = Path(path)
-    mount = _mount_point(path)
-    free = shutil.disk_usage(mount).free
-    device = next((line.split()[0] for line in _mounts() if line.split()[1:2] == [str(mount)]), str(mount))
-    need = f"{needed_bytes / 1e6:.1f} MB needed, " if needed_bytes else ""
-    return (f"no space left on {device} (mounted at {mount}) while writing {what} {path}: {need}"
-            f"{free / 1e6:.1f} MB free; free some space or choose another folder")
-
-
-def _mounts() -> list[str]:
-    try:
-        return Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return []
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """True for ENOSPC/EDQUOT, also when torch's zip writer reports it as "RuntimeError: … unexpected pos …" or
-    "… file write failed" (torch.save wraps the OSError of a full disk into a RuntimeError without its errno)."""
-    if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("unexpected pos" in text or "file write failed" in text)
-
-
-@contextmanager
-def explain_disk_full(path: str | Path, what: str, needed_bytes: int | None = None) -> Iterator[None]:
-    """Turn a full disk inside the block into one DiskFullError line (see disk_full_message); other errors pass.
-
-    Example:
-
-        with explain_disk_full("run/global_step40/model.pt", "the checkpoint", needed_bytes=12_300_000):
-            torch.save(state, "run/global_step40/model.pt")
-    """
-    try:
-        yield
-    except (OSError, RuntimeError) as error:
-        if not is_disk_full(error) or isinstance(error, DiskFullError):
-            raise
-        raise DiskFullError(disk_full_message(path, what, needed_bytes)) from error
 
 
 def fsync_dir(folder: str | Path) -> None:

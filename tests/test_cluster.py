@@ -25,6 +25,7 @@ from regulargpt.config import load_config_dict
 from regulargpt.errors import TrainError
 from regulargpt.model import build_model
 from regulargpt.run_directory import RunDirLock, lock_holder
+from regulargpt.write_errors import WriteError
 from regulargpt.run_directory.lock import pid_start_time
 
 # -------------------------------------------------------------------------------------------------------- lock
@@ -156,8 +157,9 @@ def test_a_read_only_run_directory_is_one_line(tmp_path):
                                                  rf"system|Permission denied)\).*choose another --run-dir$"):
                 RunDirLock(where).acquire()
         cfg = load_config_dict({"model": {"vocab_size": 64, "d_model": 16, "n_heads": 2}})
-        with pytest.raises(CheckpointError, match=rf"^{run_dir}/model.pt: cannot write the model file \((Read-only "
-                                                  rf"file system|Permission denied)\); choose another --out"):
+        with pytest.raises(WriteError, match=rf"^(read-only file system tmpfs \(mounted at {run_dir}\): cannot write "
+                                             rf"the model file {run_dir}/model.pt; choose a folder on a writable|"
+                                             rf"permission denied: cannot write the model file {run_dir}/model.pt)"):
             save_model_file(run_dir / "model.pt", cfg, build_model(cfg.model))  # export's write
     finally:
         subprocess.run(["umount", str(run_dir)]) if mounted else run_dir.chmod(0o755)

@@ -29,7 +29,8 @@ from regulargpt.data import (
     prepare,
 )
 from regulargpt.data.shards import assign_splits
-from regulargpt.files import DiskFullError, atomic_open, explain_disk_full, sha256_file
+from regulargpt.files import atomic_open, sha256_file
+from regulargpt.write_errors import DiskFullError, explain_write_error
 
 PY_SNIPPET = 'def f(x, y=2):\n\tif x  >  10_000:  # tab, two spaces\n        return "é ∑ 日本"\n\n\n    return y   \n'
 PROSE = "The quick brown fox jumps over the lazy dog.  Two spaces here;\n\n  indented line, ünïcode, 3.14159!\n"
@@ -219,7 +220,7 @@ def test_prepare_crash_mid_write_leaves_the_old_folder_whole(txt_corpus: tuple[P
 
     def half_then_full(self, codes, ntokens, nchars, data):  # writes half of the first batch, then the disk is full
         real_write(self, codes[:1], ntokens[:1], nchars[:1], [d[: len(d) // 2] for d in data])
-        with explain_disk_full(self.work / "train.bin", "the split file", 1000):
+        with explain_write_error(self.work / "train.bin", "the split file", 1000):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(split_writer.SplitWriter, "append", half_then_full)

@@ -662,7 +662,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line(data_dir: Path, tmp_pa
                         line), line
         assert latest_step(run_dir) == 3 and rd.verify_checkpoint(run_dir, 3) == ""  # the last one is intact
         return
-    from regulargpt.files import DiskFullError
+    from regulargpt.write_errors import DiskFullError
     from regulargpt.train.lm_checkpoint import Checkpoints
 
     class Engine:
@@ -686,7 +686,7 @@ def test_a_full_disk_while_exporting_or_appending_a_result_row_is_one_line(tmp_p
     import errno
 
     from regulargpt.evaluation import results_file
-    from regulargpt.files import DiskFullError
+    from regulargpt.write_errors import DiskFullError
     from regulargpt import checkpoint
 
     cfg = load_config_dict({"model": {"vocab_size": 8000, "d_model": 64, "n_heads": 2}})

@@ -122,17 +122,20 @@ def test_plots_are_written_atomically_with_the_bytes_savefig_writes(tmp_path: Pa
 def test_a_full_disk_becomes_one_line_naming_device_path_and_need(tmp_path) -> None:
     import errno
 
-    from regulargpt.files import DiskFullError, explain_disk_full
+    from regulargpt.write_errors import DiskFullError, explain_write_error
 
     target = tmp_path / "run" / "model.pt"
     with pytest.raises(DiskFullError, match=r"^no space left on \S+ \(mounted at /.*\) while writing the checkpoint "
                                             r".*model\.pt: 12\.3 MB needed, [0-9.]+ MB free"):
-        with explain_disk_full(target, "the checkpoint", needed_bytes=12_300_000):
+        with explain_write_error(target, "the checkpoint", needed_bytes=12_300_000):
             raise OSError(errno.ENOSPC, "No space left on device")
-    with pytest.raises(DiskFullError):  # torch.save's zip writer loses the errno
-        with explain_disk_full(target, "the checkpoint"):
+    from regulargpt.write_errors import WriteError
+
+    with pytest.raises(WriteError, match="could not write the checkpoint .*model.pt .*file write failed.*the folder "
+                                         "is writable, has free space"):  # torch.save's zip writer loses the errno
+        with explain_write_error(target, "the checkpoint"):
             raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file "
                                "data/0: file write failed")
-    with pytest.raises(PermissionError):  # other errors pass unchanged
-        with explain_disk_full(target, "the checkpoint"):
-            raise PermissionError(errno.EACCES, "Permission denied")
+    with pytest.raises(ValueError):  # other errors pass unchanged
+        with explain_write_error(target, "the checkpoint"):
+            raise ValueError("not a write")

@@ -27,12 +27,14 @@ import importlib.util
 import os
 import shlex
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
 
 from regulargpt.cli import positive_int, run
 from regulargpt.errors import UserError
 from regulargpt.files import remove_dead_temporaries
+from regulargpt.folder_lock import hold_target
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.format != "hf" and (args.tokenizer or args.eval_results or args.depth_policy):
         raise UserError("--tokenizer, --eval and --depth-policy are options of --format hf")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only checkpoint files are read
+    source = Path(args.run_dir)
+    target = Path(args.out) if args.out else (source.parent if source.is_file() else source) / _DEFAULT[args.format]
+    with hold_target(target, "export") if source.exists() else nullcontext():  # one writer per output
+        return _export(args, argv)
+
+
+_DEFAULT = {"pt": "model.pt", "safetensors": "model.safetensors", "hf": "hf"}  # the output's name in RUN_DIR
+
+
+def _export(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.format == "pt":
         from regulargpt.train import export_model
 

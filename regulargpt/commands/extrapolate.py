@@ -31,6 +31,7 @@ import argparse
 import os
 import shlex
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
 
@@ -45,7 +46,8 @@ from regulargpt.cli import non_negative_int, positive_float, positive_ints, run
 from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
-from regulargpt.files import DiskFullError
+from regulargpt.folder_lock import hold_folder
+from regulargpt.write_errors import WriteError, explain_write_error
 
 
 def _device(name: str) -> torch.device:
@@ -98,21 +100,23 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    try:
-        rank, _ = distributed_context()
-        overrides = {"lengths": args.lengths, "protocol": args.protocol, "stride": args.stride, "tokens": args.tokens,
-                     "memory_gb": args.memory_gb}
-        sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
-                   device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
-                   verify=args.verify_data)
-    except (EvalError, CheckpointError, DiskFullError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if rank == 0:
-        rows = load_rows(Path(args.out) / "results.jsonl")
-        written = write_report(rows, args.out, command)
-        print(f"wrote {args.out}/results.jsonl, {', '.join(written)}\n")
-        print(console_tables(rows), flush=True)
+    rank, _ = distributed_context()
+    with hold_folder(args.out, "evaluation") if rank == 0 else nullcontext():  # one writer per --out
+        try:
+            overrides = {"lengths": args.lengths, "protocol": args.protocol, "stride": args.stride,
+                         "tokens": args.tokens, "memory_gb": args.memory_gb}
+            sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
+                       device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
+                       verify=args.verify_data)
+        except (EvalError, CheckpointError, WriteError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if rank == 0:
+            rows = load_rows(Path(args.out) / "results.jsonl")
+            with explain_write_error(args.out, "the report in"):
+                written = write_report(rows, args.out, command)
+            print(f"wrote {args.out}/results.jsonl, {', '.join(written)}\n")
+            print(console_tables(rows), flush=True)
     return 0
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from regulargpt.cli import positive_float, positive_int, run
+from regulargpt.folder_lock import hold_folder
 from regulargpt.evaluation.lm_report import console_tables, load_rows
 from regulargpt.experiments.lm_comparison import slurm
 from regulargpt.experiments.lm_comparison import (
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python " + " ".join(shlex.quote(a) for a in [rel_path(Path(sys.argv[0])), *(argv or sys.argv[1:])])
     failed: list[str] = []
     for plan in plans:
-        failed += _run_plan(plan, command, args.memory_gb, args.report_only, args.jobs)
+        with hold_folder(plan.out, "study"):  # one study per folder (its trainings and scorings lock their own)
+            failed += _run_plan(plan, command, args.memory_gb, args.report_only, args.jobs)
     return 1 if failed else 0
 
 

@@ -64,16 +64,22 @@ def claim_work_folder(out: Path, name: str) -> Path:
                             f"{folder.name}); wait for it to finish, or stop it (kill {owner['pid']}) and rerun")
         if folder.name != name:
             shutil.rmtree(folder, ignore_errors=True)
-    for tmp in out.glob(".*.tmp"):  # atomic_open's `.<name>.<pid>.tmp` of a killed writer
-        pid = tmp.name.rsplit(".", 2)[-2]
-        if not (pid.isdigit() and process_start(int(pid)) is not None):
-            tmp.unlink(missing_ok=True)
+    _remove_dead_temporaries(out)
     for leftover in [*out.parent.glob(f".{out.name}.new-*"), *out.parent.glob(f".{out.name}.old-*")]:
         shutil.rmtree(leftover, ignore_errors=True)
     work = out / name
     work.mkdir(exist_ok=True)
+    _remove_dead_temporaries(work)  # a resumed work folder becomes `out`: a killed run's must not go along
     atomic_write_text(work / OWNER, json.dumps({"pid": os.getpid(), "start": process_start(os.getpid())}))
     return work
+
+
+def _remove_dead_temporaries(folder: Path) -> None:
+    """Delete atomic_open's `.<name>.<pid>.tmp` files in `folder` whose writer no longer runs (killed mid-write)."""
+    for tmp in folder.glob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if not (pid.isdigit() and process_start(int(pid)) is not None):
+            tmp.unlink(missing_ok=True)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -48,7 +48,8 @@ from regulargpt.data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokeniz
 from regulargpt.data.tokenizer_replacement import check_replacement
 from regulargpt.data.tokenizer_sample import DEFAULT_SAMPLE_BYTES, TokenizerSample
 from regulargpt.data.token_split import FORMAT_VERSION, MANIFEST, SPLITS, TOKENIZER_FILE, load_manifest
-from regulargpt.files import atomic_write_bytes, explain_disk_full, sha256_file
+from regulargpt.files import atomic_write_bytes, sha256_file
+from regulargpt.write_errors import explain_write_error
 
 # A split shorter than one training window of configs/base.json (T = 512, plus the target) is worth a warning:
 # training refuses a split shorter than data.seq_len + 1, and evaluation scores no window longer than it.
@@ -194,7 +195,7 @@ def _sample_and_train(reader: DocumentReader, work: Path, vocab_size: int, sampl
         f"{sample_bytes:,})")
     tok = _train(texts, vocab_size, seed)
     del texts, sample
-    with explain_disk_full(work / TOKENIZER_FILE, "the tokenizer"):
+    with explain_write_error(work / TOKENIZER_FILE, "the tokenizer"):
         atomic_write_bytes(work / TOKENIZER_FILE, tok.model_proto)
     write_state(work, {"sample": info})
     return tok, info
@@ -313,7 +314,7 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
             path = work / f"{name}.bin"
             splits[name] = {**counts[name], "file": path.name, "sha256": sha256_file(path),
                             "blocks": block_checksums(path)}
-        with explain_disk_full(work / TOKENIZER_FILE, "the tokenizer"):
+        with explain_write_error(work / TOKENIZER_FILE, "the tokenizer"):
             atomic_write_bytes(work / TOKENIZER_FILE, tok.model_proto)
         cpt = {k: _chars_per_token(v) for k, v in [*splits.items(), ("all", _total(splits))]}
         manifest = {
@@ -337,7 +338,7 @@ def prepare(source: str, out: str | Path, *, vocab_size: int | None = None, toke
         }
         (work / "state.json").unlink(missing_ok=True)
         shutil.rmtree(work / "hub", ignore_errors=True)
-        with explain_disk_full(work / MANIFEST, "the manifest"):
+        with explain_write_error(work / MANIFEST, "the manifest"):
             atomic_write_bytes(work / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
         replace_folder(work, out, {MANIFEST, TOKENIZER_FILE, *(f"{name}.bin" for name in SPLITS)})
     except KeyboardInterrupt:

@@ -21,7 +21,8 @@ import numpy as np
 
 from regulargpt.data.encoding import unit_hash
 from regulargpt.data.token_split import SPLITS
-from regulargpt.files import atomic_write_text, explain_disk_full, read_json_object
+from regulargpt.files import atomic_write_text, read_json_object
+from regulargpt.write_errors import explain_write_error
 
 STATE = "state.json"
 _RECORDS = {"codes": np.int8, "ntokens": np.int64, "nchars": np.int64}
@@ -75,24 +76,27 @@ class SplitWriter:
 
     @staticmethod
     def _open(path: Path, size: int) -> BinaryIO:
-        handle = open(path, "r+b" if path.exists() else "w+b")
+        with explain_write_error(path, "the split file"):
+            handle = open(path, "r+b" if path.exists() else "w+b")
         handle.truncate(size)
         handle.seek(size)
         return handle
 
     def append(self, codes: np.ndarray, ntokens: np.ndarray, nchars: np.ndarray, data: list[bytes]) -> None:
         for name, chunk in zip(SPLITS, data):
-            with explain_disk_full(self.work / f"{name}.bin", "the split file", len(chunk)):
+            with explain_write_error(self.work / f"{name}.bin", "the split file", len(chunk)):
                 self.handles[name].write(chunk)
         for name, array in (("codes", codes), ("ntokens", ntokens), ("nchars", nchars)):
-            self.handles[name].write(array.astype(_RECORDS[name], copy=False).tobytes())
+            with explain_write_error(self.work / f"docs.{name}", "the document records", array.size * 8):
+                self.handles[name].write(array.astype(_RECORDS[name], copy=False).tobytes())
         self.documents += len(codes)
 
     def checkpoint(self, extra: dict[str, Any] | None = None) -> None:
         """Make everything appended so far durable and the resume point (`extra` is kept in the state)."""
         for handle in self.handles.values():
-            handle.flush()
-            os.fsync(handle.fileno())
+            with explain_write_error(Path(handle.name), "the split file"):
+                handle.flush()
+                os.fsync(handle.fileno())
         state = {**read_state(self.work), **(extra or {}), "documents": self.documents,
                  "sizes": {name: self.handles[name].tell() for name in SPLITS}}
         write_state(self.work, state)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from regulargpt.evaluation.lm_report import row_key
-from regulargpt.files import explain_disk_full, read_jsonl
+from regulargpt.files import read_jsonl
+from regulargpt.write_errors import explain_write_error
 
 __all__ = ["ResultsFile", "is_done"]
 
@@ -34,10 +35,10 @@ class ResultsFile:
         return {row_key(r): r for r in self.rows}
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append `row` as one fsynced line; a full disk is one DiskFullError line (a partly written line is the
-        torn tail the next open cuts off)."""
+        """Append `row` as one fsynced line; a failed write is one WriteError line (regulargpt.write_errors; a partly
+        written line is the torn tail the next open cuts off)."""
         line = (json.dumps(row, sort_keys=True) + "\n").encode()
-        with explain_disk_full(self.path, "a result row to", len(line)):
+        with explain_write_error(self.path, "a result row to", len(line)):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "ab") as f:
                 f.write(line)

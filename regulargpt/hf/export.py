@@ -33,7 +33,8 @@ from regulargpt.data import Tokenizer, load_manifest
 from regulargpt.errors import UserError
 from regulargpt.evaluation.lm_report import load_rows
 from regulargpt.evaluation.scored_run import RunInfo
-from regulargpt.files import atomic_write_text, explain_disk_full, remove_dead_temporaries
+from regulargpt.files import atomic_write_text, remove_dead_temporaries
+from regulargpt.write_errors import explain_write_error
 from regulargpt.generation.loading import data_folder, find_tokenizer
 from regulargpt.hf.configuration import RegularGPTConfig
 from regulargpt.hf.model_card import evaluation_rows, model_card
@@ -128,7 +129,7 @@ def export_hf(out: str | Path, cfg: Config, model: nn.Module, tok: Tokenizer, ca
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.tmp-", dir=out.parent))
     needed = sum(t.numel() * t.element_size() for t in hf_model.state_dict().values())
     try:
-        with explain_disk_full(tmp, "the Hugging Face folder", needed):
+        with explain_write_error(tmp, "the Hugging Face folder", needed):
             hf_logging.disable_progress_bar()
             hf_model.save_pretrained(str(tmp))
             save_hf_tokenizer(tok, tmp)

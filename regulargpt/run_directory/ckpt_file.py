@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from regulargpt.checkpoint import CheckpointError
-from regulargpt.files import atomic_write_bytes, explain_disk_full
+from regulargpt.files import atomic_write_bytes
+from regulargpt.write_errors import explain_write_error
 from regulargpt.run_directory.layout import CKPT_FILE, METRICS_FILE, PREV_CKPT_FILE
 from regulargpt.run_directory.fallback import fallback_warning, set_aside
 
@@ -33,7 +34,7 @@ def save_ckpt(run_dir: Path, state: dict[str, Any]) -> None:
     """Write ckpt.pt atomically, keeping the one it replaces as ckpt.prev.pt."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    with explain_disk_full(run_dir / CKPT_FILE, "the checkpoint", len(buffer.getvalue())):
+    with explain_write_error(run_dir / CKPT_FILE, "the checkpoint", len(buffer.getvalue())):
         atomic_write_bytes(run_dir / CKPT_FILE, buffer.getvalue(), previous=run_dir / PREV_CKPT_FILE)
 
 

@@ -29,7 +29,7 @@ import torch
 from regulargpt import run_directory as rd
 from regulargpt.config import Config, config_to_dict
 from regulargpt.errors import TrainError
-from regulargpt.files import explain_disk_full
+from regulargpt.write_errors import explain_write_error
 from regulargpt.train.engine import lr_factor
 from regulargpt.train.lm_data import check_same_data
 
@@ -97,14 +97,14 @@ class Checkpoints:
         """Write checkpoint `step` (every rank); pruning to ``keep_last`` spares `protect` (the last good one)."""
         tag = f"global_step{step}"
         state = self.client_state(step, tokens, bad_steps)
-        with explain_disk_full(self.run_dir / tag, "the checkpoint", rd.checkpoint_bytes(self.run_dir)):
+        with explain_write_error(self.run_dir / tag, "the checkpoint", rd.checkpoint_bytes(self.run_dir)):
             self.engine.save_checkpoint(str(self.run_dir), tag=tag, client_state=state, save_latest=False)
             rd.save_rng(self.run_dir, step, self.rank)
             if self.rank == 0:
                 rd.write_trainer_state(self.run_dir, step, state)
         self.dist.barrier()
         if self.rank == 0:
-            with explain_disk_full(self.run_dir / tag, "the checkpoint", rd.checkpoint_bytes(self.run_dir)):
+            with explain_write_error(self.run_dir / tag, "the checkpoint", rd.checkpoint_bytes(self.run_dir)):
                 rd.write_checksums(self.run_dir, step)
                 rd.mark_latest(self.run_dir, step)
             rd.prune_checkpoints(self.run_dir, self.cfg.train.keep_last, protect)
