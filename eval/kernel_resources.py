@@ -1,4 +1,4 @@
-"""The Triton kernel's CPU-side proxies: registers/spills per kernel (AOT compile for sm_90) and bytes moved (interpreter).
+"""The Triton kernel's CPU-side proxies: registers/spills per kernel (AOT compile, sm_90), bytes moved (interpreter).
 
 No GPU is needed. Two measurements, docs/KERNELS.md explains what they bound:
 
@@ -184,10 +184,9 @@ def _bytes_in_child(args: argparse.Namespace) -> list[dict]:
     """count_bytes in a child process with TRITON_INTERPRET=1 (it must be set before triton's import)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")])}
-    code = ("import json, sys; sys.path.insert(0, %r); from eval_kernel_resources import count_bytes; "
-            "print(json.dumps([row for c in %r for d in %r for row in count_bytes(%d, %d, %d, c, d)]))"
-            % (str(ROOT / "eval"), args.chunks, args.dilations, args.bytes_length, args.bytes_heads, args.head_dim))
-    code = code.replace("eval_kernel_resources", "kernel_resources")
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'eval')!r}); from kernel_resources import count_bytes; "
+            f"print(json.dumps([row for c in {args.chunks!r} for d in {args.dilations!r} "
+            f"for row in count_bytes({args.bytes_length}, {args.bytes_heads}, {args.head_dim}, c, d)]))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"the interpreter child failed:\n{proc.stderr[-4000:]}")

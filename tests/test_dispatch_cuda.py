@@ -90,7 +90,8 @@ def test_depth_dilations_are_the_powers_of_c_below_t() -> None:
 def test_the_bench_runs_on_cpu_and_reports_every_row(tmp_path) -> None:
     out, jsonl = tmp_path / "k.md", tmp_path / "k.jsonl"
     cmd = [sys.executable, "eval/bench_kernel_gpu.py", "--device", "cpu", "--lengths", "40", "--chunks", "4",
-           "--dtype", "fp32", "--reps", "3", "--heads", "2", "--head-dim", "8", "--out", str(out), "--jsonl", str(jsonl)]
+           "--dtype", "fp32", "--reps", "3", "--heads", "2", "--head-dim", "8", "--out", str(out),
+           "--jsonl", str(jsonl)]
     proc = subprocess.run(cmd, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
