@@ -33,9 +33,11 @@ TRITON_INTERPRET=1 must be set before triton is first imported, since it also de
 own @jit library functions (tl.sum among them) are interpreted; set later it breaks them, set in-process it changes
 every triton user after it. tests/test_kernel_triton.py therefore runs the cases in a child process. torch.compile
 is CUDA-only: wrap_triton hands an interpreted kernel back unwrapped, so tracing would launch it on fake tensors.
-Block sizes: fixed heuristics for an H200 (about 16K fp32 registers of tiles per program at num_warps 4, no
-autotuning; unmeasured on a GPU until eval/gpu_check.sh runs), 8 rows under the interpreter so tiny tests span
-several blocks.
+Block sizes: fixed heuristics (about 16K fp32 registers of tiles per program at num_warps 4, no autotuning), 8 rows
+under the interpreter so tiny tests span several blocks. The loop over j is a `tl.range` loop, not unrolled, and
+each j rebuilds its tile addresses from one (BLOCK,) row vector: unrolled, the compiler hoisted all C tile loads
+(255 registers and KB of spills at C = 16); now 0 spills and <= 167 registers in every kernel at C = 8 and 16
+for sm_90 (`python eval/kernel_resources.py`, results/triton_resources.md).
 """
 
 from __future__ import annotations
@@ -76,13 +78,17 @@ def _pad_rows(pk_ptr, pv_ptr, b, h, spk_b, spk_h, spv_b, spv_h, cols, head_dim, 
 
 
 @triton.jit
-def _shifted_slab(q, k_rows, v_rows, pad_k, pad_v, r_row, pos, row_tile, j, dilation, scale, HAS_PAD: tl.constexpr):
+def _shifted_slab(q, k_head, v_head, sk_t, sv_t, pad_k, pad_v, r_row, pos, cols, row_tile, j, dilation, scale,
+                  HAS_PAD: tl.constexpr):
     """Keys and values p_i − jD of a query block in fp32 (the pads where that is < 0), and the scores s_j
-    (−inf there without pads). k_rows, v_rows point at the rows p_i − jD."""
-    inside = pos >= j * dilation
+    (−inf there without pads). k_head, v_head point at (b, h, position 0); the tile addresses are rebuilt here from
+    one row vector each j, so no 2-D pointer tile lives across the loop over j."""
+    key_pos = pos - j * dilation  # (BLOCK_M,) int32: positions below 0 are masked (pads)
+    inside = key_pos >= 0
     tile_ok = inside[:, None] & row_tile
-    k_j = tl.load(k_rows, mask=tile_ok, other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
-    v_j = tl.load(v_rows, mask=tile_ok, other=0.0).to(tl.float32)
+    rows = key_pos.to(tl.int64)
+    k_j = tl.load(k_head + rows[:, None] * sk_t + cols[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+    v_j = tl.load(v_head + rows[:, None] * sv_t + cols[None, :], mask=tile_ok, other=0.0).to(tl.float32)
     if HAS_PAD:
         k_j = tl.where(inside[:, None], k_j, pad_k[None, :])
         v_j = tl.where(inside[:, None], v_j, pad_v[None, :])
@@ -102,19 +108,15 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, r_ptr, pk_ptr, pv_ptr, out_ptr, lse_ptr
     rows, row_ok, pos, cols, row_tile = _query_block(n_queries, head_dim, query_start, query_step, BLOCK_M, BLOCK_D)
     q = tl.load(q_ptr + b * sq_b + h * sq_h + rows.to(tl.int64)[:, None] * sq_t + cols[None, :],
                 mask=row_tile, other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
-    k_rows = k_ptr + b * sk_b + h * sk_h + pos.to(tl.int64)[:, None] * sk_t + cols[None, :]  # keys at j = 0
-    v_rows = v_ptr + b * sv_b + h * sv_h + pos.to(tl.int64)[:, None] * sv_t + cols[None, :]
-    k_shift, v_shift = dilation * sk_t, dilation * sv_t  # one step of j, in elements (< one batch's size)
+    k_head, v_head = k_ptr + b * sk_b + h * sk_h, v_ptr + b * sv_b + h * sv_h
     r_row = r_ptr + h * C
     pad_k, pad_v = _pad_rows(pk_ptr, pv_ptr, b, h, spk_b, spk_h, spv_b, spv_h, cols, head_dim, HAS_PAD, BLOCK_D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for j in tl.static_range(C):
-        k_j, v_j, s, inside = _shifted_slab(q, k_rows, v_rows, pad_k, pad_v, r_row, pos, row_tile, j, dilation, scale,
-                                            HAS_PAD)
-        k_rows -= k_shift  # the next j's keys, one pointer step (no j·D·stride product to overflow int32)
-        v_rows -= v_shift
+    for j in tl.range(0, C):  # a loop, not unrolled: unrolled, the C tile loads are hoisted and all live at once
+        k_j, v_j, s, inside = _shifted_slab(q, k_head, v_head, sk_t, sv_t, pad_k, pad_v, r_row, pos, cols, row_tile, j,
+                                            dilation, scale, HAS_PAD)
         m_new = tl.maximum(m_i, s)  # finite from j = 0 on: position p_i itself is always visible
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new)
@@ -143,9 +145,7 @@ def _query_backward_kernel(q_ptr, k_ptr, v_ptr, r_ptr, pk_ptr, pv_ptr, do_ptr, l
     do = tl.load(do_ptr + b * sdo_b + h * sdo_h + rows.to(tl.int64)[:, None] * sdo_t + cols[None, :],
                  mask=row_tile, other=0.0).to(tl.float32)
     lse = tl.load(lse_ptr + bh * n_queries + rows, mask=row_ok, other=0.0)
-    k_rows = k_ptr + b * sk_b + h * sk_h + pos.to(tl.int64)[:, None] * sk_t + cols[None, :]  # keys at j = 0
-    v_rows = v_ptr + b * sv_b + h * sv_h + pos.to(tl.int64)[:, None] * sv_t + cols[None, :]
-    k_shift, v_shift = dilation * sk_t, dilation * sv_t  # one step of j, in elements (< one batch's size)
+    k_head, v_head = k_ptr + b * sk_b + h * sk_h, v_ptr + b * sv_b + h * sv_h
     r_row = r_ptr + h * C
     pad_k, pad_v = _pad_rows(pk_ptr, pv_ptr, b, h, spk_b, spk_h, spv_b, spv_h, cols, head_dim, HAS_PAD, BLOCK_D)
     slots = tl.arange(0, BLOCK_C)
@@ -155,11 +155,9 @@ def _query_backward_kernel(q_ptr, k_ptr, v_ptr, r_ptr, pk_ptr, pv_ptr, do_ptr, l
     p_k = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # Σ_j P_j k_j
     pdp_pad = tl.zeros([BLOCK_M], tl.float32)  # Σ_{j: pad} P_j dP_j
     p_pad = tl.zeros([BLOCK_M], tl.float32)  # Σ_{j: pad} P_j
-    for j in tl.static_range(C):
-        k_j, v_j, s, inside = _shifted_slab(q, k_rows, v_rows, pad_k, pad_v, r_row, pos, row_tile, j, dilation, scale,
-                                            HAS_PAD)
-        k_rows -= k_shift  # the next j's keys, one pointer step (no j·D·stride product to overflow int32)
-        v_rows -= v_shift
+    for j in tl.range(0, C):  # a loop, not unrolled: unrolled, the C tile loads are hoisted and all live at once
+        k_j, v_j, s, inside = _shifted_slab(q, k_head, v_head, sk_t, sv_t, pad_k, pad_v, r_row, pos, cols, row_tile, j,
+                                            dilation, scale, HAS_PAD)
         p = tl.where(row_ok, tl.exp(s - lse), 0.0)
         dp = tl.sum(do * v_j, axis=1)
         p_all = tl.where(slots[None, :] == j, p[:, None], p_all)
@@ -203,7 +201,7 @@ def _key_backward_kernel(q_ptr, k_ptr, v_ptr, r_ptr, do_ptr, lse_ptr, delta_ptr,
     lse_row, delta_row, r_row = lse_ptr + bh * n_queries, delta_ptr + bh * n_queries, r_ptr + h * C
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for j in tl.static_range(C):
+    for j in tl.range(0, C):  # not unrolled (see the forward)
         offset = keys + j * dilation - query_start  # query position m = n + jD, relative to query 0
         query = offset // query_step
         reads = key_ok & (offset >= 0) & (offset % query_step == 0) & (query < n_queries)

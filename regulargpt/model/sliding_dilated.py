@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from regulargpt.kernels import sliding_dilated_cpp
+from regulargpt.kernels import dispatch_cuda, sliding_dilated_cpp
 from regulargpt.model import flex_sliding
 from regulargpt.model.cpu_operator import cpu_operator
 from regulargpt.model.dilation import fold_dilation, unfold_dilation
@@ -59,10 +59,15 @@ def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.d
 
     CPU: "cpp" (the C++ operator, `regulargpt.kernels.sliding_dilated_cpp`) whenever it builds on this machine
     (compiled once, cached on disk); when it cannot be built, one warning says why and `choose_band` decides.
-    CUDA: `choose_band`. The fused Triton kernel ("triton", `regulargpt.kernels.sliding_dilated_triton`) runs by
-    name only: it is tested against the dense reference under Triton's interpreter, but no GPU run has yet measured
-    it against blocked/shift, so `auto` does not pick it until `eval/gpu_check.sh` has (docs/PERFORMANCE.md).
+    CUDA: the measured table's choice (`regulargpt.kernels.dispatch_cuda.table_choice`: the nearest cell of
+    `dispatch_cuda.json`, made by `eval/bench_kernel_gpu.py --dispatch-table`), else `choose_band`. When the table
+    names "triton" but the Triton kernel cannot import or build here, one warning says why and `choose_band` decides.
     """
+    if device == "cuda":
+        picked = dispatch_cuda.table_choice(chunk_size, dilation, length, dtype)
+        if picked == "triton":
+            picked = fused_algorithm(device)
+        return picked or choose_band(chunk_size, dilation, length, dtype)
     return fused_algorithm(device) or choose_band(chunk_size, dilation, length, dtype)
 
 
@@ -343,7 +348,8 @@ def _folded(band: Callable[..., Tensor]) -> Callable[..., Tensor]:
 # device → (its name, a function returning why it cannot run here, or None).
 _KERNELS: dict[str, Callable[..., Tensor]] = {"cpp": _run_cpp, "triton": _run_triton,
                                               "shift": _folded(_band_shift), "blocked": _folded(_band_blocked)}
-_FUSED: dict[str, tuple[str, Callable[[], str | None]]] = {"cpu": ("cpp", sliding_dilated_cpp.build_error)}
+_FUSED: dict[str, tuple[str, Callable[[], str | None]]] = {"cpu": ("cpp", sliding_dilated_cpp.build_error),
+                                                           "cuda": ("triton", dispatch_cuda.triton_build_error)}
 _FUSED_WARNED: set[str] = set()
 # algorithm → the device types where it runs forward and backward (None: every device). Triton's kernel also runs
 # CPU tensors under TRITON_INTERPRET=1 (tests); flex has no CPU backward.
