@@ -91,3 +91,26 @@ def test_normalised_scaling_and_label():
                                     "attention_factor": None})
     assert cfg.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
     assert describe_rope_scaling(cfg.rope_scaling) == "yarn×4 from 64"
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "dynamic", "factor": 4, "original_max_position_embeddings": 6},
+                                     {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 6}])
+@pytest.mark.parametrize("window", [0, 5])
+def test_cached_decoding_of_a_scaled_rope_equals_a_full_forward_of_each_prefix(scaling: dict, window: int):
+    """Dynamic NTK rotates by the frequencies of the current length: the decoder re-rotates its cached keys, so each
+    step's logits are those of a full forward of the prefix so far (fp64 weights, fp32 rotation: 1e-5), windowed or
+    not; caching keys rotated at an earlier length is off by ~1e-1 here."""
+    from regulargpt.generation import DenseDecoder
+    from regulargpt.model import build_model
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(architecture="transformer", position="rope", rope_scaling=scaling, vocab_size=13, d_model=16,
+                      n_heads=2, n_layers=2, window=window)
+    model = build_model(cfg).double().eval()
+    tokens = torch.randint(0, 13, (2, 20))
+    decoder = DenseDecoder(model)
+    with torch.no_grad():
+        close = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(decoder.prefill(tokens[:, :4]), model(tokens[:, :4]), **close)
+        for t in range(4, 20):
+            torch.testing.assert_close(decoder.step(tokens[:, t]), model(tokens[:, :t + 1])[:, -1], **close)

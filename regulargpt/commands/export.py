@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from regulargpt.cli import positive_int, run
+from regulargpt.cli import ROPE_SCALING_HELP, positive_int, rope_scaling_json, run
 from regulargpt.errors import UserError
 from regulargpt.files import remove_dead_temporaries
 
@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                         "the model card, e.g. --eval results/lm")
     p.add_argument("--depth-policy", choices=["adaptive", "train", "per_position"],
                    help="hf, RegularGPT only: the depth policy config.json states (default: the run's own)")
+    p.add_argument("--rope-scaling", type=rope_scaling_json, default=None,
+                   help="hf, RoPE models only: " + ROPE_SCALING_HELP + "; config.json carries it")
     args = p.parse_args(argv)
-    if args.format != "hf" and (args.tokenizer or args.eval_results or args.depth_policy):
-        raise UserError("--tokenizer, --eval and --depth-policy are options of --format hf")
+    if args.format != "hf" and (args.tokenizer or args.eval_results or args.depth_policy or args.rope_scaling):
+        raise UserError("--tokenizer, --eval, --depth-policy and --rope-scaling are options of --format hf")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only checkpoint files are read
     if args.format == "pt":
         from regulargpt.train import export_model
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
         command = shlex.join(["python", "launch/export.py", *(sys.argv[1:] if argv is None else argv)])
         path = export_hf_run(args.run_dir, args.out, command, step=args.step, tokenizer=args.tokenizer,
-                             eval_results=args.eval_results, depth_policy=args.depth_policy)
+                             eval_results=args.eval_results, depth_policy=args.depth_policy,
+                             rope_scaling=args.rope_scaling)
     print(f"wrote {path}")
     return 0
 

@@ -52,7 +52,8 @@ _GIB = float(1 << 30)
 _MAX_BATCH = 256
 
 _POSITION_NAMES = {"none": "NoPE", "sinusoidal": "Sinusoidal", "learned": "Learned", "rope": "RoPE",
-                   "alibi": "ALiBi", "t5": "T5", "kerple_log": "KERPLE-log", "kerple_power": "KERPLE-power"}
+                   "alibi": "ALiBi", "t5": "T5", "kerple_log": "KERPLE-log", "kerple_power": "KERPLE-power",
+                   "fire": "FIRE", "xpos": "xPos", "sandwich": "Sandwich"}
 
 
 class EvalError(UserError, ValueError):
