@@ -68,7 +68,8 @@ def test_yarn_attention_factor_multiplies_the_rotated_vectors():
 
 
 @pytest.mark.parametrize("raw,match", [
-    ({"rope_type": "longrope", "factor": 2}, r"rope_type: 'longrope' is not accepted.*'linear', 'ntk', 'dynamic', 'yarn'"),
+    ({"rope_type": "longrope", "factor": 2},
+     r"rope_type: 'longrope' is not accepted.*'linear', 'ntk', 'dynamic', 'yarn'"),
     ({"type": "linear", "factor": 2}, r"rope_type: None is not accepted \(rope_type, not the older key 'type'\)"),
     ({"rope_type": "linear"}, r"rope_scaling\.factor: missing; rope_type 'linear' needs factor"),
     ({"rope_type": "yarn", "factor": 2}, r"original_max_position_embeddings: missing"),

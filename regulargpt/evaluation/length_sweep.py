@@ -128,8 +128,8 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
 
     `depth_policy` scores every run (RegularGPT only) with that depth policy instead of its own; such rows are keyed
     and labelled apart from the model's own (``depth=train``); `rope_scaling` likewise rescales every run's RoPE
-    (each must have position 'rope'), rows keyed by the scaling's canonical JSON (``rope_scaling``). `verify` is the level the split is checked at
-    against its manifest (size, blocks or full; :mod:`regulargpt.data.verify`).
+    (each must have position 'rope'), rows keyed by the scaling's canonical JSON (``rope_scaling``). `verify` is the
+    level the split is checked at against its manifest (size, blocks or full; :mod:`regulargpt.data.verify`).
 
     Every rank computes its share of the windows; rank 0 appends the reduced rows. Rows record the exact token
     count, the stride, the batch size and the memory budget. A length that cannot run gets a ``skipped`` row.

@@ -54,7 +54,8 @@ Row = dict[str, Any]
 ROW_KEY = ("run", "depth_policy", "rope_scaling", "dataset", "split", "length", "protocol", "stride", "tokens")
 
 # How a differing config key is written in a variant's label (keys not listed: the key without its section).
-_SHORT_KEYS = {"model.depth_policy": "depth", "model.rope_scaling": "rope", "model.rel_bias_init": "r_init", "model.depth_scaled_init": "depth_init",
+_SHORT_KEYS = {"model.depth_policy": "depth", "model.rope_scaling": "rope", "model.rel_bias_init": "r_init",
+               "model.depth_scaled_init": "depth_init",
                "checkpoint_step": "step", "data.dataset": "data"}
 
 

@@ -10,8 +10,9 @@ Feeding n new tokens at absolute positions t..t+n−1 runs each layer on those n
 so the new query rows see exactly what they see in a full forward. The position signal is applied at absolute
 positions: sinusoidal/learned rows t..t+n−1 added to the new embeddings; RoPE rotates the new q and k at their
 positions and the cache stores rotated keys (xPos and dynamic-NTK RoPE, whose rotation of a key depends on the
-sequence length, cache raw keys and rotate all of them at each step, as a full forward of that length would); ALiBi/T5/KERPLE and Transformer-XL compute the bias of the new query
-rows (``bias(query_pos, key_pos)`` with query_pos = t..t+n−1). Memory: 2 · n_layers · B · T · d values at context T;
+sequence length, cache raw keys and rotate all of them at each step, as a full forward of that length would);
+ALiBi/T5/KERPLE/Sandwich/FIRE and Transformer-XL compute the bias of the new query rows (``bias(query_pos,
+key_pos)`` with query_pos = t..t+n−1). Memory: 2 · n_layers · B · T · d values at context T;
 time per token: O(n_layers · (d² + T·d)).
 
 A windowed model (``model.window`` = W > 0) keeps a W-slot ring per layer instead

@@ -17,7 +17,8 @@ xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): RoPE times a per-
 ζ_i = (2i/d + γ)/(1 + γ), γ = 0.4: q at position n is multiplied by ζ_i^((n − c)/B), k at m by ζ_i^(−(m − c)/B)
 (B = scale_base, 512), so q·k carries ζ_i^((n − m)/B), a decay with distance for n > m. The centre c cancels in
 the product; it is the middle of the key positions of each call (as torchscale's ``min_pos = −length//2``), which
-keeps the exponents within ±T/(2B): fp32 and bf16 stay finite to T ≈ 2·B·log(3.4e38)/log(1/ζ_0) ≈ 71,000 at B = 512.
+keeps the exponents within ±T/(2B): fp32 and bf16 stay finite to T ≈ 2·B·ln(3.4e38)/ln(1/ζ_0) ≈ 72,500 at B = 512
+(measured: the scales are finite at T = 72,400, and overflow at 72,600).
 
 Both modules expose ``rotate_pair(q, k, key_start)`` (keys at positions key_start.., the queries the last rows of
 them); ``length_dependent`` says a key's rotation depends on the sequence length (dynamic NTK, xPos's centre), so a
@@ -124,7 +125,8 @@ class RotaryEmbedding(nn.Module):
 
 
 class XPosEmbedding(RotaryEmbedding):
-    """xPos: RoPE with the per-pair scale ζ_i^(±(p − c)/B) (module doc)."""
+    """xPos: RoPE with the per-pair scale ζ_i^(±(p − c)/B) (module doc); q and k go through :meth:`rotate_pair`
+    together (their scales differ and share the centre c)."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, gamma: float = 0.4, scale_base: float = 512.0) -> None:
         super().__init__(head_dim, base)
@@ -137,6 +139,9 @@ class XPosEmbedding(RotaryEmbedding):
         """(T, Dh/2) fp32: ζ^((p − c)/B) for queries, ζ^(−(p − c)/B) for keys."""
         power = (positions.float() - centre) / self.scale_base * (-1.0 if key else 1.0)
         return self.zeta.to(positions.device)[None, :] ** power[:, None]
+
+    def forward(self, x: Tensor, positions: Tensor, length: int = 0) -> Tensor:
+        raise TypeError("XPosEmbedding scales queries and keys differently: call rotate_pair(q, k, key_start)")
 
     def rotate_pair(self, q: Tensor, k: Tensor, key_start: int) -> tuple[Tensor, Tensor]:
         keys = torch.arange(key_start, key_start + k.shape[2], device=k.device)
