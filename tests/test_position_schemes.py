@@ -145,3 +145,24 @@ def test_logits_of_a_prefix_do_not_depend_on_what_follows(position: str):
     tokens = torch.randint(0, 11, (2, 57))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens[:, :20]), model(tokens)[:, :20], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["fire", "sandwich"])
+def test_chunked_attention_with_the_bias_equals_a_dense_softmax_and_fire_never_takes_the_distance_table(name: str):
+    """Queries in chunks (memory_mb=1 → several) against softmax(q·k/√d + b + causal mask) written out densely
+    (fp64); FIRE's bias reads the query position, so the backend never picks FlexAttention's per-distance table."""
+    from regulargpt.model.dense_attention import attention_backend, causal_attention
+
+    torch.manual_seed(0)
+    heads, t, d = 2, 300, 8
+    bias = FireBias(heads, init_threshold=16.0) if name == "fire" else SandwichBias(heads, 16)
+    q, k, v = (torch.randn(1, heads, t, d, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(t)
+    with torch.no_grad():
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d) + bias(pos, pos).double()
+        scores = scores.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+        want = scores.softmax(-1) @ v
+        torch.testing.assert_close(causal_attention(q, k, v, bias, memory_mb=1), want)
+    cuda = torch.device("cuda")
+    assert attention_backend(cuda, t, t, True, getattr(bias, "distance_only", True)) == (
+        "chunked" if name == "fire" else attention_backend(cuda, t, t, True))
