@@ -92,6 +92,9 @@ def test_normalised_scaling_and_label():
                                     "attention_factor": None})
     assert cfg.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
     assert describe_rope_scaling(cfg.rope_scaling) == "yarn×4 from 64"
+    same = ModelConfig(architecture="transformer", position="rope",
+                       rope_scaling={"original_max_position_embeddings": 64, "factor": 4.0, "rope_type": "yarn"})
+    assert same == cfg and hash(same) == hash(cfg)  # hashable like the other model configs
 
 
 @pytest.mark.parametrize("scaling", [{"rope_type": "dynamic", "factor": 4, "original_max_position_embeddings": 6},

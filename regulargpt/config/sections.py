@@ -4,6 +4,8 @@ naming a failure ``<section>.<key>`` (a :class:`ConfigError`), e.g. ``train.lr: 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import typing
@@ -139,6 +141,10 @@ class ModelConfig(_Section):
         if self.depth_policy != "adaptive" and (self.architecture != "regular_gpt" or self.head != "lm"):
             self._fail("depth_policy", self.depth_policy,
                   "'adaptive' unless architecture is 'regular_gpt' with head 'lm' (tree mode reads one position)")
+
+    def __hash__(self) -> int:  # explicit: the rope_scaling dict is hashed as its canonical JSON
+        return hash(tuple(json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                          for v in (getattr(self, f.name) for f in dataclasses.fields(self))))
 
     def _check_position_knobs(self) -> None:
         """rope_scaling (RoPE only), xPos, FIRE and Sandwich hyperparameters."""
