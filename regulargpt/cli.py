@@ -111,3 +111,30 @@ def positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers >= 1")
     return sorted(set(values))
+
+
+ROPE_SCALING_HELP = ('RoPE scaling at inference, a Hugging Face rope_scaling JSON object: rope_type linear, ntk, '
+                     'dynamic or yarn, factor >= 1, original_max_position_embeddings (the training length; dynamic '
+                     'and yarn need it), e.g. --rope-scaling \'{"rope_type": "yarn", "factor": 4, '
+                     '"original_max_position_embeddings": 512}\' (docs/EVALUATION.md)')
+
+
+def rope_scaling_json(text: str) -> dict[str, Any]:
+    """A checked ``rope_scaling`` object (:func:`regulargpt.config.rope_scaling.check_rope_scaling`), e.g.
+    ``--rope-scaling '{"rope_type": "linear", "factor": 4}'``."""
+    import json
+
+    from regulargpt.config.rope_scaling import RopeScalingError, check_rope_scaling
+
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: not JSON ({err.msg}); expected e.g. "
+                                         f'\'{{"rope_type": "linear", "factor": 4}}\'') from None
+    try:
+        scaling = check_rope_scaling(raw, "--rope-scaling")
+    except RopeScalingError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if not scaling:
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty scaling; leave --rope-scaling out for none")
+    return scaling

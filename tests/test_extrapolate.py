@@ -481,3 +481,55 @@ sys.exit(code)
                        f"rows are written"]
     assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "table.md"]
     assert not list(tmp_path.glob("*.png"))
+
+
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": TRAIN_LEN}
+
+
+def test_rope_scalings_of_one_run_are_keyed_and_labelled_apart(data: Path, tmp_path: Path) -> None:
+    """Two scalings and none, of one run, into one results file: three rows per length, none overwritten (a rerun
+    rescores nothing), each labelled with its scaling; the scaled rows equal a model built with the scaling."""
+    from regulargpt.evaluation.lm_report import latest_rows, variant_labels
+    from regulargpt.evaluation.perplexity import score_windows
+
+    rope = _run(tmp_path / "rope", data, position="rope")
+    out = tmp_path / "out"
+    linear = {"rope_type": "linear", "factor": 2.0}
+    for scaling in (None, _YARN, linear):
+        sweep([rope], data, "test", [16, 64], out, progress=False, rope_scaling=scaling)
+    assert sweep([rope], data, "test", [16, 64], out, progress=False, rope_scaling=_YARN) == []  # all done
+    rows = latest_rows(load_rows(out / "results.jsonl"))
+    assert [(r["rope_scaling"], r["length"]) for r in rows] == [
+        (None, 16), (None, 64), (json.dumps(_YARN, sort_keys=True, separators=(",", ":")), 16),
+        (json.dumps(_YARN, sort_keys=True, separators=(",", ":")), 64), ('{"factor":2.0,"rope_type":"linear"}', 16),
+        ('{"factor":2.0,"rope_type":"linear"}', 64)]
+    assert sorted(set(variant_labels(rows).values())) == ["RoPE", "RoPE rope=linear×2", "RoPE rope=yarn×4 from 16"]
+    assert len({r["ppl"] for r in rows}) == 6
+    torch.manual_seed(0)  # _run's seed: the same weights, built with the scaling
+    net = build_model(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=2, ffn_mult=2,
+                                  architecture="transformer", position="rope", rope_scaling=linear)).eval()
+    tokens = np.fromfile(data / "test.bin", dtype=np.uint16)
+    nll, counts = score_windows(net, tokens, plan_windows(rows[-1]["tokens"], 64, "nonoverlapping", 64), 4, "cpu")
+    assert rows[-1]["ppl"] == pytest.approx(math.exp(nll.sum() / counts.sum()), rel=1e-6)
+    write_report(rows, out, "python eval/extrapolate.py ...")
+    assert "| RoPE rope=yarn×4 from 16 |" in (out / "table.md").read_text()
+
+
+def test_bad_rope_scalings_are_errors_before_any_work(data: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    cli = load_script("eval/extrapolate.py")
+    rope = _run(tmp_path / "rope", data, position="rope")
+    alibi = _run(tmp_path / "alibi", data)
+    out = tmp_path / "out"
+    for flag, message in [('{"rope_type": "ntk-by-parts", "factor": 2}', "rope_type: 'ntk-by-parts' is not accepted; "
+                                                                        "expected one of 'linear', 'ntk', 'dynamic'"),
+                          ('{"rope_type": "dynamic"}', "factor: missing"),
+                          ("{rope_type: yarn}", "not JSON")]:
+        with pytest.raises(SystemExit):
+            cli.main(["--runs", rope, "--data", str(data), "--out", str(out), "--rope-scaling", flag])
+        assert message in capsys.readouterr().err
+    assert cli.main(["--runs", rope, alibi, "--data", str(data), "--out", str(out), "--no-progress",
+                     "--rope-scaling", json.dumps(_YARN)]) == 2
+    err = capsys.readouterr().err
+    assert "alibi" in err and "position 'rope'" in err and "yarn×4 from 16" in err
+    assert not (out / "results.jsonl").exists()  # refused before any run was scored

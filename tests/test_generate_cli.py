@@ -124,3 +124,34 @@ def test_stale_model_pt_is_refused_and_stderr_names_the_weights_and_the_speed(
     sha = weights_sha256(torch.load(run / "model.pt", weights_only=True)["state_dict"])
     assert f"step 0, weights sha256 {sha[:12]}" in err and "the run's newest checkpoint is step 96" in err
     assert "tokens/s" in err and " MiB at " in err
+
+
+def test_rope_scaling_decodes_with_the_scaled_model_and_refuses_a_model_without_rope(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--rope-scaling: greedy text equals the library's greedy ids of the model built with that scaling (dynamic
+    NTK: cached keys re-rotated at each step); a scaling on an ALiBi run and a bad rope_type are errors."""
+    import json
+
+    rope = _run_dir(tmp_path / "rope", data_dir, architecture="transformer", position="rope", n_layers=1)
+    scaling = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 8}
+    tok = Tokenizer.load(data_dir / load_manifest(data_dir)["tokenizer"]["file"])
+    out = _text(capsys, str(rope), "--prompt", "import os", "--max-new-tokens", "20", "--greedy",
+                "--rope-scaling", json.dumps(scaling))
+    model = build_model(load_config_dict({"model": {"vocab_size": 512, "d_model": 32, "n_heads": 2, "n_layers": 1,
+                                                    "architecture": "transformer", "position": "rope",
+                                                    "rope_scaling": scaling}}).model)
+    model.load_state_dict(torch.load(rope / "model.pt", weights_only=True)["state_dict"])
+    prompt = tok.encode("import os")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():  # greedy by full forwards of each prefix: the truth for a length-dependent rotation
+        for _ in range(20):
+            ids = torch.cat([ids, model.eval()(ids)[:, -1:].argmax(-1)], dim=1)
+    new = ids[0, len(prompt):].tolist()
+    new = new[:new.index(tok.eos_id)] if tok.eos_id in new else new
+    assert out == tok.decode(prompt + new) + "\n"
+    alibi = _run_dir(tmp_path / "alibi", data_dir, architecture="transformer", position="alibi", n_layers=1)
+    with pytest.raises(UserError, match=r"rope_scaling.*position 'rope'"):
+        _cli().main([str(alibi), "--prompt", "x", "--rope-scaling", json.dumps(scaling)])
+    with pytest.raises(SystemExit):
+        _cli().main([str(rope), "--prompt", "x", "--rope-scaling", '{"rope_type": "su", "factor": 2}'])
+    assert "rope_type: 'su' is not accepted" in capsys.readouterr().err

@@ -34,7 +34,7 @@ from regulargpt.model import build_model
 
 VOCAB = 23
 DENSE_POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power",
-                   "xl_relative"]
+                   "xl_relative", "fire", "xpos", "sandwich"]
 
 
 def _regular(c: int, k: int, pad: str, policy: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:

@@ -378,3 +378,26 @@ def test_the_cache_field_is_read_off_the_output_class_not_the_version() -> None:
     assert cache_field() in names  # the installed transformers, whichever release it is
     out = CausalLMOutputWithPast(logits=torch.zeros(1), **{cache_field(): "the cache"})
     assert _cache(out) == "the cache"
+
+
+def test_rope_scaling_given_at_export_is_in_config_json_and_the_loaded_model_runs_with_it(data_dir: Path,
+                                                                                          tmp_path: Path) -> None:
+    """``--rope-scaling`` goes into config.json's regulargpt object; the folder's model has our scaled model's
+    logits (same weights), which differ from the unscaled ones past the trained length."""
+    from regulargpt.evaluation.scored_run import load_run
+    from regulargpt.hf.configuration import RegularGPTConfig
+    from regulargpt.hf.modeling import RegularGPTForCausalLM
+
+    run = _save_run(tmp_path / "rope", data_dir, **_dense("rope"))
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": TRAIN_LENGTH}
+    out = _export(run, tmp_path / "hf", "--rope-scaling", json.dumps(scaling))
+    assert json.loads((out / "config.json").read_text())["regulargpt"]["rope_scaling"] == scaling
+    hf = RegularGPTForCausalLM.from_pretrained(out, config=RegularGPTConfig.from_pretrained(out)).eval()
+    ids = torch.randint(0, 512, (1, 4 * TRAIN_LENGTH))
+    with torch.no_grad():
+        ours = load_run(run, rope_scaling=scaling).model(ids)
+        torch.testing.assert_close(hf(ids, use_cache=False).logits, ours, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(load_run(run).model(ids), ours, atol=1e-3)
+    with pytest.raises(UserError, match=r"rope_scaling.*position 'rope'"):
+        _export(_save_run(tmp_path / "alibi", data_dir, **_dense("alibi")), tmp_path / "hf2", "--rope-scaling",
+                json.dumps(scaling))

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from regulargpt.config import ConfigError, ModelConfig
 from regulargpt.model import build_model, causal_attention, reference_sliding_dilated_attention
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative"]
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative",
+             "fire", "xpos", "sandwich"]
 LM_KINDS = [("regular_gpt", "none", {})] + [("transformer", p, {}) for p in POSITIONS] + [
     ("regular_gpt", "none", {"pad": "mask", "chunk_size": 3, "norm": "post", "activation": "relu"})
 ]

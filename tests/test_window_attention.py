@@ -22,8 +22,9 @@ from regulargpt.model.window_attention import sliding_window_attention
 
 BIASES = [None, *sorted(ATTENTION_BIASES)]
 VOCAB = 19
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power"]
-RELATIVE = ["none", "rope", "alibi", "t5", "kerple_log", "kerple_power"]  # signals that depend on m − n alone
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xpos", "sandwich"]
+RELATIVE = ["none", "rope", "alibi", "t5", "kerple_log", "kerple_power",
+            "sandwich"]  # signals that depend on m − n alone
 
 
 def _bias(name: str | None, heads: int, dtype: torch.dtype) -> nn.Module | None:

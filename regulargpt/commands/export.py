@@ -31,7 +31,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
 
-from regulargpt.cli import positive_int, run
+from regulargpt.cli import ROPE_SCALING_HELP, positive_int, rope_scaling_json, run
 from regulargpt.errors import UserError
 from regulargpt.files import remove_dead_temporaries
 from regulargpt.folder_lock import hold_target
@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                         "the model card, e.g. --eval results/lm")
     p.add_argument("--depth-policy", choices=["adaptive", "train", "per_position"],
                    help="hf, RegularGPT only: the depth policy config.json states (default: the run's own)")
+    p.add_argument("--rope-scaling", type=rope_scaling_json, default=None,
+                   help="hf, RoPE models only: " + ROPE_SCALING_HELP + "; config.json carries it")
     args = p.parse_args(argv)
-    if args.format != "hf" and (args.tokenizer or args.eval_results or args.depth_policy):
-        raise UserError("--tokenizer, --eval and --depth-policy are options of --format hf")
+    if args.format != "hf" and (args.tokenizer or args.eval_results or args.depth_policy or args.rope_scaling):
+        raise UserError("--tokenizer, --eval, --depth-policy and --rope-scaling are options of --format hf")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only checkpoint files are read
     source = Path(args.run_dir)
     target = Path(args.out) if args.out else (source.parent if source.is_file() else source) / _DEFAULT[args.format]
@@ -85,7 +87,8 @@ def _export(args: argparse.Namespace, argv: list[str] | None) -> int:
 
         command = shlex.join(["python", "launch/export.py", *(sys.argv[1:] if argv is None else argv)])
         path = export_hf_run(args.run_dir, args.out, command, step=args.step, tokenizer=args.tokenizer,
-                             eval_results=args.eval_results, depth_policy=args.depth_policy)
+                             eval_results=args.eval_results, depth_policy=args.depth_policy,
+                             rope_scaling=args.rope_scaling)
     print(f"wrote {path}")
     return 0
 

@@ -5,6 +5,8 @@ Examples:
         --lengths 512,1024,2048,4096,8192,16384 --out results/lm
     python eval/extrapolate.py --runs runs/*/ --data data/python-stdlib --lengths 64,128,256 --out results/lm \\
         --protocol sliding --stride 32
+    python eval/extrapolate.py --runs runs/rope-seed0 --lengths 512,2048,8192 --out results/lm \\
+        --rope-scaling '{"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 512}'
     torchrun --nproc_per_node 4 eval/extrapolate.py --runs runs/alibi-seed0 --data data/python-stdlib --out results/lm
 
 Without --data each run is scored on the folder it trained on (data.path), and a run trained on a mixture
@@ -42,7 +44,7 @@ import torch
 
 from regulargpt.checkpoint import CheckpointError
 from regulargpt.data.verify import LEVELS
-from regulargpt.cli import non_negative_int, positive_float, positive_ints, run
+from regulargpt.cli import ROPE_SCALING_HELP, non_negative_int, positive_float, positive_ints, rope_scaling_json, run
 from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
@@ -86,6 +88,8 @@ def parser() -> argparse.ArgumentParser:
                    help="score the RegularGPT runs among --runs with this depth policy instead of their own (same "
                         "weights; rows are labelled depth=POLICY; other runs are scored as they are), e.g. "
                         "--depth-policy train")
+    p.add_argument("--rope-scaling", type=rope_scaling_json, default=None,
+                   help=ROPE_SCALING_HELP + "; every run must use RoPE; rows are keyed and labelled by the scaling")
     p.add_argument("--batch-size", type=non_negative_int, default=0,
                    help="windows per forward, capped by --memory-gb (default 0 = the largest that fits), e.g. --batch-size 1")
     p.add_argument("--verify-data", choices=LEVELS, default="blocks",
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                          "tokens": args.tokens, "memory_gb": args.memory_gb}
             sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
                        device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
-                       verify=args.verify_data)
+                       verify=args.verify_data, rope_scaling=args.rope_scaling)
         except (EvalError, CheckpointError, WriteError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

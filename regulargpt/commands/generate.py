@@ -29,7 +29,7 @@ from typing import NoReturn
 # Before torch loads OpenMP: idle threads sleep instead of spinning (spinning is many times slower on a shared CPU).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from regulargpt.cli import non_negative_int, positive_int, run
+from regulargpt.cli import ROPE_SCALING_HELP, non_negative_int, positive_int, rope_scaling_json, run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--depth-policy", choices=["train", "per_position", "adaptive"],
                    help="RegularGPT only: depth steps at inference (default: the model's own), e.g. --depth-policy "
                         "train for constant memory per token")
+    p.add_argument("--rope-scaling", type=rope_scaling_json, default=None, help=ROPE_SCALING_HELP)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default cpu)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights and caches (default fp32)")
     p.add_argument("--tokenizer", type=Path,
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         text = args.prompt
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy)
-    info = load_model(args.model, args.depth_policy, args.device, args.dtype)
+    info = load_model(args.model, args.depth_policy, args.device, args.dtype, args.rope_scaling)
     tok = find_tokenizer(info, args.tokenizer)
     if info.note:
         print(info.note, file=sys.stderr, flush=True)

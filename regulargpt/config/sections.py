@@ -4,6 +4,8 @@ naming a failure ``<section>.<key>`` (a :class:`ConfigError`), e.g. ``train.lr: 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import typing
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, ClassVar, Literal
 
+from regulargpt.config.rope_scaling import RopeScalingError, check_rope_scaling
 from regulargpt.errors import UserError
 
 
@@ -35,8 +38,10 @@ class _Section:
 
 Architecture = Literal["regular_gpt", "transformer", "rnn", "lstm"]
 Position = Literal[
-    "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative"
+    "none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple_log", "kerple_power", "xl_relative", "fire",
+    "xpos", "sandwich"
 ]
+_ROTARY = ("rope", "xpos")  # positions that rotate q and k: an even head dimension
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,14 @@ class ModelConfig(_Section):
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     rope_base: float = 10000.0
+    # RoPE scaling at inference, Hugging Face's rope_scaling object (regulargpt.config.rope_scaling); {} = none.
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    xpos_gamma: float = 0.4  # xPos: ζ_i = (2i/Dh + γ)/(1 + γ)
+    xpos_scale_base: float = 512.0  # xPos: q scaled by ζ^(n/B), k by ζ^(−m/B)
+    fire_mlp_width: int = 32  # FIRE: hidden units of f_θ
+    fire_init_c: float = 0.1  # FIRE: ψ(x) = log(c·x + 1), c learnable
+    fire_init_threshold: float = 512.0  # FIRE: L0 of the learnable threshold L = |λ|·L0
+    sandwich_dim: int = 128  # Sandwich: d', the dimension of the sinusoidal vectors whose inner product is the bias
     dropout: float = 0.0
     qkv_bias: bool = False
     embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model) (the authors' formal-language models)
@@ -102,8 +115,10 @@ class ModelConfig(_Section):
             self._fail("head", self.head, "'classifier' for rnn/lstm (they are formal-language baselines)")
         if self.position == "learned" and self.max_positions < 1:
             self._fail("max_positions", self.max_positions, "an integer >= 1 when position is 'learned'")
-        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
-            self._fail("position", "rope", f"an even head dimension (d_model/n_heads = {self.d_model // self.n_heads})")
+        if self.position in _ROTARY and (self.d_model // self.n_heads) % 2:
+            self._fail("position", self.position,
+                       f"an even head dimension (d_model/n_heads = {self.d_model // self.n_heads})")
+        self._check_position_knobs()
         if not 0.0 <= self.dropout < 1.0:
             self._fail("dropout", self.dropout, "a probability in [0, 1)")
         if self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2:
@@ -126,6 +141,29 @@ class ModelConfig(_Section):
         if self.depth_policy != "adaptive" and (self.architecture != "regular_gpt" or self.head != "lm"):
             self._fail("depth_policy", self.depth_policy,
                   "'adaptive' unless architecture is 'regular_gpt' with head 'lm' (tree mode reads one position)")
+
+    def __hash__(self) -> int:  # explicit: the rope_scaling dict is hashed as its canonical JSON
+        return hash(tuple(json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                          for v in (getattr(self, f.name) for f in dataclasses.fields(self))))
+
+    def _check_position_knobs(self) -> None:
+        """rope_scaling (RoPE only), xPos, FIRE and Sandwich hyperparameters."""
+        try:
+            scaling = check_rope_scaling(self.rope_scaling, f"{self.section}.rope_scaling")
+        except RopeScalingError as err:
+            raise ConfigError(str(err)) from None
+        object.__setattr__(self, "rope_scaling", scaling)  # normalised (floats, defaults dropped)
+        if scaling and self.position != "rope":
+            self._fail("rope_scaling", scaling, f"{{}} for position {self.position!r} (a RoPE scaling needs "
+                       f"position 'rope')")
+        self._positive("xpos_scale_base", "fire_mlp_width", "fire_init_c", "fire_init_threshold", "sandwich_dim")
+        if self.xpos_gamma < 0:
+            self._fail("xpos_gamma", self.xpos_gamma, "a number >= 0")
+        if self.sandwich_dim % 2:
+            self._fail("sandwich_dim", self.sandwich_dim, "an even integer (d'/2 sinusoid pairs)")
+        if self.window and self.position == "fire":
+            self._fail("window", self.window, "0 with position 'fire' (its bias reads the query position; the "
+                       "windowed kernel reuses one bias block for every band)")
 
     @property
     def head_dim(self) -> int:

@@ -14,6 +14,7 @@ and one line says how many and why.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from regulargpt.config import ConfigError, EvalConfig
+from regulargpt.config.rope_scaling import describe_rope_scaling, rope_scaling_key
 from regulargpt.data import TokenSplit
 from regulargpt.data.verify import DEFAULT_LEVEL
 from regulargpt.evaluation.results_file import ResultsFile, is_done
@@ -90,7 +92,8 @@ def skipped_row(info: RunInfo, dataset: str, split: str, length: int, protocol: 
 def _row_base(info: RunInfo, dataset: str, split: str, length: int, protocol: Protocol, stride: int,
               tokens: int) -> dict[str, Any]:
     variant = info.variant
-    return {"run": info.run, "depth_policy": info.depth_override, "model": info.label, "seed": info.seed,
+    return {"run": info.run, "depth_policy": info.depth_override,
+            "rope_scaling": rope_scaling_key(info.cfg.model.rope_scaling), "model": info.label, "seed": info.seed,
             "step": info.step, "weights_sha256": info.weights_sha256,
             "variant": variant_id(variant), "variant_config": variant, "dataset": dataset, "split": split,
             "length": length, "protocol": protocol, "stride": stride, "tokens": tokens,
@@ -119,12 +122,14 @@ def _barrier() -> None:
 def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths: Sequence[int], out_dir: str | Path,
           protocol: Protocol = "nonoverlapping", stride: int = 0, tokens: int = 0, memory_gb: float = 4.0,
           batch_size: int = 0, device: torch.device | str = "cpu", progress: bool = True,
-          depth_policy: str | None = None, verify: str = DEFAULT_LEVEL) -> list[dict[str, Any]]:
+          depth_policy: str | None = None, verify: str = DEFAULT_LEVEL,
+          rope_scaling: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Evaluate every (run, length) not already in ``out_dir/results.jsonl``; returns this sweep's rows.
 
     `depth_policy` scores every run (RegularGPT only) with that depth policy instead of its own; such rows are keyed
-    and labelled apart from the model's own (``depth=train``). `verify` is the level the split is checked at
-    against its manifest (size, blocks or full; :mod:`regulargpt.data.verify`).
+    and labelled apart from the model's own (``depth=train``); `rope_scaling` likewise rescales every run's RoPE
+    (each must have position 'rope'), rows keyed by the scaling's canonical JSON (``rope_scaling``). `verify` is the
+    level the split is checked at against its manifest (size, blocks or full; :mod:`regulargpt.data.verify`).
 
     Every rank computes its share of the windows; rank 0 appends the reduced rows. Rows record the exact token
     count, the stride, the batch size and the memory budget. A length that cannot run gets a ``skipped`` row.
@@ -143,13 +148,14 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
         print(f"note: {data.note}", file=sys.stderr, flush=True)
     dataset = Path(data_dir).resolve().name
     counts = plan_tokens(len(data), lengths, tokens, protocol)
-    scored: dict[str, tuple[str | None, str]] = {}  # run → (depth policy it is scored with, its weights' sha256)
+    scored: dict[str, tuple[str | None, str | None, str]] = {}  # run → (depth policy, scaling, weights' sha256)
     for run in runs:  # fail on a bad run before spending time on the others
-        checked = load_run(run, depth_policy=depth_policy)
+        checked = load_run(run, depth_policy=depth_policy, rope_scaling=rope_scaling)
         check_compatible(checked, data)
         if checked.note and rank == 0:
             print(checked.note, file=sys.stderr, flush=True)
-        scored[str(run)] = (checked.depth_override, checked.weights_sha256)
+        scored[str(run)] = (checked.depth_override, rope_scaling_key(checked.cfg.model.rope_scaling),
+                            checked.weights_sha256)
     results = ResultsFile(Path(out_dir) / "results.jsonl", repair=rank == 0)
     done = results.latest()
     before_tokens = {key[:-1]: row for key, row in done.items()}  # also a row whose token count differs
@@ -164,9 +170,10 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
                disable=rank != 0 or not progress)  # updated within each (run, length) row: rate and ETA
     for run in runs:
         info: RunInfo | None = None
-        depth, weights = scored[str(run)]
+        depth, scaling, weights = scored[str(run)]
         for length in lengths:
-            key = (str(run).rstrip("/"), depth, dataset, split, length, protocol, stride_of[length], counts[length])
+            key = (str(run).rstrip("/"), depth, scaling, dataset, split, length, protocol, stride_of[length],
+                   counts[length])
             if is_done(done.get(key), memory_gb, weights, data.fingerprint):
                 already += 1
                 bar.update(counts[length])
@@ -175,7 +182,7 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
             if old is not None and old.get("split_fingerprint") != data.fingerprint:
                 why = _other_data(old.get("split_fingerprint"), data.fingerprint)
                 replaced[why] = replaced.get(why, 0) + 1
-            info = info or load_run(run, device, depth_policy)
+            info = info or load_run(run, device, depth_policy, rope_scaling)
             start = bar.n
             row = _evaluate_length(info, data, dataset, split, length, protocol, stride_of[length], counts[length],
                                    memory_gb, batch_size, device, rank, world, lambda n: bar.update(n * world))
@@ -234,7 +241,7 @@ def sweep_runs(runs: Sequence[str | Path], data_dir: str | Path | None, split: s
     overrides = overrides or {}
     groups: dict[tuple[EvalSettings, str], list[str | Path]] = {}
     for run in runs:
-        info = load_run(run, depth_policy=kwargs.get("depth_policy"))
+        info = load_run(run, depth_policy=kwargs.get("depth_policy"), rope_scaling=kwargs.get("rope_scaling"))
         folders = [str(data_dir)] if data_dir is not None else info.cfg.data.folders
         if not folders:
             raise EvalError(f"{run}: its config names no data folder (data.path, data.paths); pass --data DIR")
@@ -300,6 +307,8 @@ def _estimate(runs: Sequence[str | Path], lengths: Sequence[int], counts: dict[i
 
 def _describe(row: dict[str, Any]) -> str:
     depth = f" depth={row['depth_policy']}" if row.get("depth_policy") else ""
+    if row.get("rope_scaling"):
+        depth += f" rope={describe_rope_scaling(json.loads(row['rope_scaling']))}"
     head = (f"{row['run']}{depth} ({row['model']} seed {row['seed']}, step {row['step']}, weights "
             f"{row['weights_sha256'][:12]}) · {row['dataset']} L={row['length']}")
     if row.get("skipped"):

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from regulargpt.config.rope_scaling import describe_rope_scaling
 from regulargpt.evaluation.plotting import pyplot, skipped_plots
 from regulargpt.files import atomic_savefig, atomic_write_text, read_jsonl
 from regulargpt.provenance import provenance, report_head
@@ -50,16 +51,18 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
-ROW_KEY = ("run", "depth_policy", "dataset", "split", "length", "protocol", "stride", "tokens")
+ROW_KEY = ("run", "depth_policy", "rope_scaling", "dataset", "split", "length", "protocol", "stride", "tokens")
 
 # How a differing config key is written in a variant's label (keys not listed: the key without its section).
-_SHORT_KEYS = {"model.depth_policy": "depth", "model.rel_bias_init": "r_init", "model.depth_scaled_init": "depth_init",
+_SHORT_KEYS = {"model.depth_policy": "depth", "model.rope_scaling": "rope", "model.rel_bias_init": "r_init",
+               "model.depth_scaled_init": "depth_init",
                "checkpoint_step": "step", "data.dataset": "data"}
 
 
 def row_key(row: Row) -> tuple[Any, ...]:
-    """What identifies a result: (run, evaluation-time depth policy, dataset, split, length, protocol, stride,
-    tokens). The depth policy is None for rows scored with the model's own (rows written before it existed too)."""
+    """What identifies a result: (run, evaluation-time depth policy, RoPE scaling, dataset, split, length, protocol,
+    stride, tokens). The depth policy is None for rows scored with the model's own, the scaling (its canonical JSON,
+    :func:`regulargpt.config.rope_scaling.rope_scaling_key`) None for none; rows written before either existed too."""
     return tuple(row.get(k) for k in ROW_KEY)
 
 
@@ -93,6 +96,8 @@ def _variant(row: Row) -> str:
 def _short(key: str, value: Any) -> str:
     name = _SHORT_KEYS.get(key, key.split(".", 1)[-1])
     text = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    if key == "model.rope_scaling" and isinstance(value, dict):
+        text = describe_rope_scaling(value)
     return f"{name}={text}"
 
 

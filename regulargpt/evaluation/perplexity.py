@@ -52,7 +52,8 @@ _GIB = float(1 << 30)
 _MAX_BATCH = 256
 
 _POSITION_NAMES = {"none": "NoPE", "sinusoidal": "Sinusoidal", "learned": "Learned", "rope": "RoPE",
-                   "alibi": "ALiBi", "t5": "T5", "kerple_log": "KERPLE-log", "kerple_power": "KERPLE-power"}
+                   "alibi": "ALiBi", "t5": "T5", "kerple_log": "KERPLE-log", "kerple_power": "KERPLE-power",
+                   "fire": "FIRE", "xpos": "xPos", "sandwich": "Sandwich"}
 
 
 class EvalError(UserError, ValueError):
@@ -158,7 +159,8 @@ def estimate_memory(cfg: ModelConfig, length: int, batch: int, params: int) -> i
     which shrinks its chunk as the batch grows, but holds at least one query row: 3·B·H·L fp32) and the bias blocks
     shared by the layers (``dense_attention.CausalBias``: at most min(budget, 4·H·L²) bytes);
     bias-free dense attention uses the fused kernel (no L×L block). A sliding window W < L
-    (``model.window``) adds its banded scores instead, ~3·H·2W per token. Plus the fp32 weights, 4·params.
+    (``model.window``) adds its banded scores instead, ~3·H·2W per token. FIRE adds its MLP's hidden layer over a
+    chunk's distances, 8·width·L per query row of the chunk. Plus the fp32 weights, 4·params.
     """
     per_token = cfg.d_model * (2 * cfg.ffn_mult + 8) + 3 * cfg.vocab_size
     fixed = 0
@@ -166,11 +168,13 @@ def estimate_memory(cfg: ModelConfig, length: int, batch: int, params: int) -> i
         per_token += 4 * cfg.n_heads * cfg.chunk_size
     elif 0 < cfg.window < length:  # banded: scores, probabilities and mask of 2W keys per query, the (W, 2W) band
         per_token += 3 * cfg.n_heads * 2 * cfg.window
-    elif cfg.position in ATTENTION_BIASES:  # an additive bias: the query-chunked path, not the fused kernel
+    elif cfg.position in ATTENTION_BIASES or cfg.position == "fire":  # an additive bias: the query-chunked path
         block = 12 * batch * cfg.n_heads * length  # one query row of scores, probabilities and bias
         budget = cfg.attention_memory_mb << 20
         fixed = max(min(budget, block * length), block)
         fixed += min(budget, 4 * cfg.n_heads * length * length)
+        if cfg.position == "fire":  # its MLP's hidden layer and activation over a chunk's (rows, L) distances
+            fixed += 8 * cfg.fire_mlp_width * length * max(1, min(length, budget // block))
     return 4 * per_token * length * batch + fixed + 4 * params
 
 

@@ -6,6 +6,7 @@ that it fits an evaluation data folder (vocabulary, tokenizer sha256, token rang
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from torch import nn
 
 from regulargpt.checkpoint import load_model_file
 from regulargpt.config import Config, ConfigError, config_to_dict
+from regulargpt.config.rope_scaling import describe_rope_scaling
 from regulargpt.data import DataError, TokenSplit, load_manifest, open_split
 from regulargpt.data.verify import DEFAULT_LEVEL
 from regulargpt.evaluation.perplexity import EvalError, model_label
@@ -31,6 +33,10 @@ __all__ = ["RunInfo", "check_compatible", "load_run", "open_eval_split", "run_va
 _NOT_VARIANT = {"model": {"attention_memory_mb"},
                 "train": {"seed", "log_every", "eval_every", "eval_batches", "save_every", "keep_last", "max_bad_steps",
                           "divergence_factor"}}  # a stop rule: it changes no trained weight
+# Hyperparameters of one position scheme: left out of the variants of the others (so runs keep the variant id they
+# had before these fields existed).
+_POSITION_KNOBS = {"xpos": ("xpos_gamma", "xpos_scale_base"), "sandwich": ("sandwich_dim",),
+                   "fire": ("fire_mlp_width", "fire_init_c", "fire_init_threshold")}
 
 
 def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +50,12 @@ def run_variant(cfg: Config, meta: dict[str, Any]) -> dict[str, Any]:
         del out["train.extended_from"]
     if not cfg.model.window:  # likewise: unwindowed runs keep the variant id they had before model.window existed
         del out["model.window"]
+    if not cfg.model.rope_scaling:  # and unscaled runs the one they had before model.rope_scaling existed
+        del out["model.rope_scaling"]
+    for position, knobs in _POSITION_KNOBS.items():
+        if cfg.model.position != position:
+            for knob in knobs:
+                del out[f"model.{knob}"]
     out["data.seq_len"] = cfg.data.seq_len
     out["data.dataset"] = Path(cfg.data.path).name if cfg.data.path else ""
     if cfg.data.paths:  # a mixture (single-folder runs keep the variant id they had before mixtures existed)
@@ -97,11 +109,14 @@ class RunInfo:
         return run_variant(self.cfg, self.meta)
 
 
-def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: str | None = None) -> RunInfo:
+def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: str | None = None,
+             rope_scaling: dict[str, Any] | None = None) -> RunInfo:
     """A run directory holding model.pt, or a model.pt path → RunInfo (model in eval mode on `device`).
 
     `depth_policy` scores a RegularGPT with another depth policy than it was trained with (same weights); other
-    architectures load with their own (their rows are keyed and labelled as without it). A run directory whose
+    architectures load with their own (their rows are keyed and labelled as without it). `rope_scaling` (a checked
+    ``model.rope_scaling`` object, :mod:`regulargpt.config.rope_scaling`) rescales a RoPE model's frequencies (same
+    weights); EvalError naming the run and the scaling for a model without RoPE. A run directory whose
     model.pt is older than its newest checkpoint is refused (:func:`regulargpt.evaluation.run_weights.check_fresh`).
     """
     path = Path(run)
@@ -122,10 +137,26 @@ def load_run(run: str | Path, device: torch.device | str = "cpu", depth_policy: 
     if not isinstance(cfg, Config):  # a FormalConfig: a sequence classifier
         raise EvalError(f"{model_path}: a sequence classifier (head {cfg.model.head!r}), not a language model; "
                         f"perplexity and generation need a model trained by launch/pretrain.py (head 'lm')")
+    if rope_scaling:
+        cfg, model = _with_rope_scaling(model_path, cfg, model, rope_scaling)
     note = check_fresh(path, model_path, meta)
     depth = depth_policy if cfg.model.architecture == "regular_gpt" else None
     return RunInfo(str(run).rstrip("/"), model_path, cfg, model.to(device).eval(), meta, depth,
                    weights_sha256(model.state_dict()), note)
+
+
+def _with_rope_scaling(model_path: Path, cfg: Config, model: nn.Module,
+                       scaling: dict[str, Any]) -> tuple[Config, nn.Module]:
+    """The config with ``model.rope_scaling`` = `scaling` and the model rebuilt from it with the same weights."""
+    from regulargpt.model import build_model
+
+    try:
+        scaled = dataclasses.replace(cfg.model, rope_scaling=scaling)
+    except ConfigError as err:
+        raise EvalError(f"{model_path}: --rope-scaling {describe_rope_scaling(scaling)}: {err}") from None
+    rebuilt = build_model(scaled)
+    rebuilt.load_state_dict(model.state_dict())
+    return dataclasses.replace(cfg, model=scaled), rebuilt
 
 
 def training_tokenizer_sha(info: RunInfo) -> tuple[str, str] | None:

@@ -9,8 +9,10 @@ Feeding n new tokens at absolute positions t..t+n−1 runs each layer on those n
 
 so the new query rows see exactly what they see in a full forward. The position signal is applied at absolute
 positions: sinusoidal/learned rows t..t+n−1 added to the new embeddings; RoPE rotates the new q and k at their
-positions and the cache stores rotated keys; ALiBi/T5/KERPLE and Transformer-XL compute the bias of the new query
-rows (``bias(query_pos, key_pos)`` with query_pos = t..t+n−1). Memory: 2 · n_layers · B · T · d values at context T;
+positions and the cache stores rotated keys (xPos and dynamic-NTK RoPE, whose rotation of a key depends on the
+sequence length, cache raw keys and rotate all of them at each step, as a full forward of that length would);
+ALiBi/T5/KERPLE/Sandwich/FIRE and Transformer-XL compute the bias of the new query rows (``bias(query_pos,
+key_pos)`` with query_pos = t..t+n−1). Memory: 2 · n_layers · B · T · d values at context T;
 time per token: O(n_layers · (d² + T·d)).
 
 A windowed model (``model.window`` = W > 0) keeps a W-slot ring per layer instead
@@ -113,12 +115,16 @@ class DenseDecoder:
         model = self.model
         memory = model.config.attention_memory_mb
 
+        start, n = self.length, positions.shape[0]  # the new positions are start..start+n−1
+
         def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             """q: (B, H, nq, Dh) for the last nq new positions; k, v: (B, H, n, Dh) of all the new positions."""
-            if model.rotary is not None:
-                k = model.rotary(k, positions)
-                q = model.rotary(q, positions[positions.shape[0] - q.shape[2]:])
+            rotary = model.rotary
+            if rotary is not None and not rotary.length_dependent:  # RoPE: the cache stores rotated keys
+                q, k = rotary.rotate_pair(q, k, start)
             keys, values = cache.append(k, v)  # (B, H, t+n, Dh); windowed: (B, H, min(W−1, t)+n, Dh)
+            if rotary is not None and rotary.length_dependent:  # xPos, dynamic NTK: rotate the cached keys anew
+                q, keys = rotary.rotate_pair(q, keys, start + n - keys.shape[2])
             if model.xl is not None:
                 return model.xl(q, keys, values, memory)
             return model.attention_kernel(q, keys, values)

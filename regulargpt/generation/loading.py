@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,13 +28,14 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_model(path: str | Path, depth_policy: str | None = None, device: str = "cpu",
-               dtype: str = "fp32") -> RunInfo:
+               dtype: str = "fp32", rope_scaling: dict[str, Any] | None = None) -> RunInfo:
     """A run directory or model file → RunInfo whose model (a language model, eval mode) is on `device` in `dtype`.
 
-    `depth_policy` runs a RegularGPT with another depth policy than it was trained with (same weights)."""
+    `depth_policy` runs a RegularGPT with another depth policy than it was trained with (same weights);
+    `rope_scaling` rescales a RoPE model's frequencies (``model.rope_scaling``; same weights)."""
     if device == "cuda" and not torch.cuda.is_available():
         raise GenerationError("--device cuda: no CUDA device is available here (use --device cpu)")
-    info = load_run(path, device, depth_policy)
+    info = load_run(path, device, depth_policy, rope_scaling)
     for param in info.model.parameters():  # buffers (ALiBi slopes, RoPE frequencies) stay fp32, as in evaluation
         param.data = param.data.to(DTYPES[dtype])
     return info

@@ -18,6 +18,7 @@ when it is empty or an earlier regulargpt export. Load it::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from torch import nn
 from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
-from regulargpt.config import Config, config_to_dict
+from regulargpt.config import Config, ConfigError, config_to_dict
 from regulargpt.data import Tokenizer, load_manifest
 from regulargpt.errors import UserError
 from regulargpt.evaluation.lm_report import load_rows
@@ -151,10 +152,17 @@ def export_hf(out: str | Path, cfg: Config, model: nn.Module, tok: Tokenizer, ca
 
 def export_hf_run(source: str | Path, out: str | Path | None, command: str, step: int | None = None,
                   tokenizer: str | Path | None = None, eval_results: str | Path | None = None,
-                  depth_policy: str | None = None) -> Path:
+                  depth_policy: str | None = None, rope_scaling: dict[str, Any] | None = None) -> Path:
     """The Hugging Face export of a run directory or model.pt (default `out`: RUN/hf), with its tokenizer (the data
-    manifest's, or `tokenizer`), its model card, and the rows of `eval_results` that scored it."""
+    manifest's, or `tokenizer`), its model card, and the rows of `eval_results` that scored it. `rope_scaling` (a
+    checked ``model.rope_scaling``, RoPE models only) goes into config.json's ``regulargpt`` object: the exported
+    model runs with it (the weights are the run's)."""
     run_dir, cfg, model, meta = run_weights(source, step)
+    if rope_scaling:
+        try:
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, rope_scaling=rope_scaling))
+        except ConfigError as err:
+            raise ExportError(f"--rope-scaling: {source}: {err}") from None
     if depth_policy is not None and cfg.model.architecture != "regular_gpt":
         raise ExportError(f"--depth-policy {depth_policy}: {source} is a {cfg.model.architecture} model; the depth "
                           f"policy is RegularGPT's")

@@ -9,17 +9,20 @@ from torch import nn
 
 from regulargpt.config import ModelConfig
 from regulargpt.model.dense_attention import causal_attention
+from regulargpt.model.fire import FireBias
 from regulargpt.model.position import (
     ATTENTION_BIASES,
     AlibiBias,
     KerpleLogBias,
     KerplePowerBias,
+    SandwichBias,
     T5Bias,
     alibi_slopes,
     t5_relative_bucket,
 )
 from regulargpt.model.recurrent import RecurrentClassifier
 from regulargpt.model.regular_gpt import RegularGPT, RegularGPTClassifier
+from regulargpt.model.rotary import RotaryEmbedding, XPosEmbedding
 from regulargpt.model.sliding_dilated import (
     adaptive_depth,
     reference_sliding_dilated_attention,
@@ -38,6 +41,10 @@ __all__ = [
     "T5Bias",
     "KerpleLogBias",
     "KerplePowerBias",
+    "SandwichBias",
+    "FireBias",
+    "RotaryEmbedding",
+    "XPosEmbedding",
     "ATTENTION_BIASES",
     "RegularGPT",
     "RegularGPTClassifier",

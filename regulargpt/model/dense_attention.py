@@ -25,9 +25,10 @@ Worked example (T = 4, one head, ALiBi slope 1/2): the mask row of query 2 is [�
 Backends (:func:`attention_backend`, the one place the choice is made): on CUDA a biased pass over every position
 runs FlexAttention (:func:`flex_causal_attention`): the bias enters as ``score_mod`` through a table of the bias at
 each distance, table[h, Δ] = b_h(m, m − Δ), with a causal block mask; a learned bias's gradient reaches its
-parameters through the table. Exact for biases of the distance Δ = m − n only (ALiBi, T5, KERPLE; checked for every
-registered bias in tests/test_attention_backends.py). Without a bias, SDPA with ``is_causal`` (its flash kernel on
-CUDA in bf16: RoPE and NoPE); the CPU keeps the paths above.
+parameters through the table. Exact for biases of the distance Δ = m − n only (ALiBi, T5, KERPLE, Sandwich; checked
+for every registered bias in tests/test_attention_backends.py); a bias with ``distance_only = False`` (FIRE) runs
+"chunked". Without a bias, SDPA with ``is_causal`` (its flash kernel on CUDA in bf16: RoPE, xPos and NoPE); the CPU
+keeps the paths above.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class CausalBias:
         """The blocks `causal_attention` asks for over `length` positions (its query chunks), memoised while their
         total stays within memory_mb; `dtype`: the mask dtype, promote(q dtype, fp32)."""
         blocks = cls(bias)
-        if attention_backend(device, length, length, True) == "flex":
+        if attention_backend(device, length, length, True, getattr(bias, "distance_only", True)) == "flex":
             return blocks  # FlexAttention reads the bias per distance, not these blocks
         chunk, used = query_chunk_size(batch, heads, length, memory_mb), 0
         for start in range(0, length, chunk):
@@ -99,14 +100,15 @@ class CausalBias:
         return self.bias(queries, keys).to(dtype).masked_fill(future, float("-inf"))  # (H, c, stop)
 
 
-def attention_backend(device: torch.device, query_length: int, key_length: int, biased: bool) -> str:
+def attention_backend(device: torch.device, query_length: int, key_length: int, biased: bool,
+                      distance_only: bool = True) -> str:
     """The kernel :func:`causal_attention` runs: "sdpa-causal" (no bias, every position), "sdpa-mask" (no bias, the
-    last queries only), "flex" (a bias, every position, on CUDA with FlexAttention available), else "chunked" (the
-    query-chunked paths of the module doc)."""
+    last queries only), "flex" (a bias of the distance alone, every position, on CUDA with FlexAttention available),
+    else "chunked" (the query-chunked paths of the module doc; FIRE, whose bias reads the query position too)."""
     every = query_length == key_length
     if not biased:
         return "sdpa-causal" if every else "sdpa-mask"
-    if device.type == "cuda" and every and not _flex_failed:
+    if device.type == "cuda" and every and distance_only and not _flex_failed:
         from regulargpt.model.flex_sliding import flex_available
 
         if flex_available():
@@ -173,9 +175,10 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn | CausalBias 
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     first = tk - tq  # absolute position of the first query
-    backend = attention_backend(q.device, tq, tk, bias is not None)
+    bias_fn = bias.bias if isinstance(bias, CausalBias) else bias
+    backend = attention_backend(q.device, tq, tk, bias is not None, getattr(bias_fn, "distance_only", True))
     if backend == "flex":
-        out = _flex_or_none(q, k, v, bias.bias if isinstance(bias, CausalBias) else bias)
+        out = _flex_or_none(q, k, v, bias_fn)
         if out is not None:
             return out
     if bias is None:

@@ -6,11 +6,15 @@ Additive biases (Δ = query − key >= 0; added to the logits after the 1/sqrt(d
 * T5:            b_h(Δ) = table[bucket(Δ), h], learned; 32 causal buckets up to distance 128.
 * KERPLE-log:    b_h(Δ) = −r1_h·log(1 + r2_h·Δ),   r1, r2 >= 0.01.
 * KERPLE-power:  b_h(Δ) = −r1_h·Δ^{r2_h},           r1 >= 0.01, r2 ∈ [0.01, 2].
+* Sandwich:      b_h(Δ) = (Σ_{i=1}^{d'/2} cos(Δ / 10000^(2i/d')) − d'/2) / (8h/H), fixed (see :class:`SandwichBias`).
+
+FIRE, whose bias depends on the query position too, is in :mod:`regulargpt.model.fire`.
 
 Every bias module maps (query positions (Tq,), key positions (Tk,)) to an (H, Tq, Tk) fp32 tensor; entries with
 Δ < 0 are finite filler (the caller masks them). Registry: :data:`ATTENTION_BIASES`.
 
-Embeddings: sinusoidal and learned absolute positions (added to token embeddings) and RoPE (rotates q and k).
+Embeddings: sinusoidal and learned absolute positions (added to token embeddings); RoPE and xPos (rotate q and k)
+are in :mod:`regulargpt.model.rotary` (re-exported here).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from regulargpt.model.rotary import RotaryEmbedding, XPosEmbedding
+
 __all__ = [
     "alibi_slopes",
     "t5_relative_bucket",
@@ -27,10 +33,12 @@ __all__ = [
     "T5Bias",
     "KerpleLogBias",
     "KerplePowerBias",
+    "SandwichBias",
     "ATTENTION_BIASES",
     "sinusoidal_table",
     "LearnedPositions",
     "RotaryEmbedding",
+    "XPosEmbedding",
 ]
 
 KERPLE_EPS = 0.01
@@ -157,11 +165,42 @@ class KerplePowerBias(_KerpleBias):
         return -r1[:, None, None] * dist.pow(r2[:, None, None])
 
 
+class SandwichBias(nn.Module):
+    """Sandwich (Chi, Fan, Rudnicky, Ramadge 2022, "Dissecting Transformer Length Extrapolation via the Lens of
+    Receptive Field Analysis", arXiv 2212.10356): the inner product of two sinusoidal position vectors of dimension
+    d', p_m·p_n = Σ_{i=1}^{d'/2} cos((m − n)·ω_i), ω_i = 10000^(−2i/d'), shifted by −d'/2 so that it is 0 at Δ = 0
+    and <= 0 elsewhere, and compressed per head by the ALiBi-like ratio 8h/H, h = 1..H:
+
+        b_h(Δ) = (Σ_{i=1}^{d'/2} cos(Δ·ω_i) − d'/2) / (8h/H).
+
+    Fixed, no parameter. The paper's text could not be read here; this follows NVIDIA NeMo's implementation,
+    "based on arXiv 2212.10356" (frequencies i = 1..d'/2, the −d'/2 shift, the 8h/H divisor), as recorded in
+    /work/shared/reference/paper_facts.md §5.1. Example, d' = 2, H = 8, head 1: b(Δ) = cos(Δ/100) − 1.
+    """
+
+    def __init__(self, n_heads: int, dim: int = 128) -> None:
+        super().__init__()
+        half = dim // 2
+        omega = 10000.0 ** (-2.0 * torch.arange(1, half + 1, dtype=torch.float64) / dim)  # (d'/2,)
+        self.register_buffer("omega", omega, persistent=False)
+        ratio = 8.0 * torch.arange(1, n_heads + 1, dtype=torch.float64) / n_heads  # (H,)
+        self.register_buffer("ratio", ratio, persistent=False)
+        self.half = half
+
+    def forward(self, query_pos: Tensor, key_pos: Tensor) -> Tensor:
+        dist = (query_pos[:, None] - key_pos[None, :]).double()  # (Tq, Tk), fp64: the sum cancels d'/2 terms
+        shifted = torch.zeros_like(dist)
+        for omega in self.omega.to(dist.device):  # one (Tq, Tk) block at a time, never (Tq, Tk, d'/2)
+            shifted += torch.cos(dist * omega) - 1.0
+        return (shifted[None] / self.ratio.to(dist.device)[:, None, None]).float()  # (H, Tq, Tk)
+
+
 ATTENTION_BIASES: dict[str, type[nn.Module]] = {
     "alibi": AlibiBias,
     "t5": T5Bias,
     "kerple_log": KerpleLogBias,
     "kerple_power": KerplePowerBias,
+    "sandwich": SandwichBias,
 }
 
 
@@ -191,21 +230,3 @@ class LearnedPositions(nn.Module):
                 f"absolute positions cannot run past the positions it was trained with"
             )
         return self.table[:length]
-
-
-class RotaryEmbedding(nn.Module):
-    """RoPE: rotate each (x_{2i}, x_{2i+1}) pair of q and k by angle p·base^(−2i/Dh); computed in fp32."""
-
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
-        super().__init__()
-        inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv.float(), persistent=False)
-
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x: (B, H, T, Dh), positions: (T,) → rotated x, same dtype."""
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, Dh/2)
-        cos, sin = angles.cos(), angles.sin()
-        xf = x.float().unflatten(-1, (-1, 2))  # (B, H, T, Dh/2, 2)
-        x0, x1 = xf[..., 0], xf[..., 1]
-        out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
-        return out.flatten(-2).to(x.dtype)

@@ -6,8 +6,10 @@
 * none          NoPE: the causal mask is the only order signal;
 * sinusoidal    x_t += [sin(t·ω) | cos(t·ω)] at the input;
 * learned       x_t += P[t], t < max_positions (longer inputs are an error);
-* rope          q, k rotated by position (RoPE);
-* alibi, t5, kerple_log, kerple_power: an additive bias b_h(m − n) on the attention logits;
+* rope          q, k rotated by position (RoPE; ``rope_scaling`` rescales it at inference);
+* xpos          RoPE with a per-dimension exponential decay (xPos);
+* alibi, t5, kerple_log, kerple_power, sandwich: an additive bias b_h(m − n) on the attention logits;
+* fire          an additive learned bias of the log distance normalised by the query position (FIRE);
 * xl_relative   Transformer-XL relative logits (q + u)·k + (q + v)·r_{m−n}.
 
 ``window`` W > 0 restricts every layer to a causal sliding window (query m sees keys m−W+1..m), with any of the
@@ -23,12 +25,15 @@ from torch import Tensor, nn
 
 from regulargpt.config import ModelConfig
 from regulargpt.model.dense_attention import CausalBias, causal_attention
+from regulargpt.model.fire import FireBias
 from regulargpt.model.layers import AttendFn, OutputHead, TokenEmbedding, TransformerLayer, init_weights
 from regulargpt.model.position import (
     ATTENTION_BIASES,
     LearnedPositions,
     RotaryEmbedding,
+    SandwichBias,
     T5Bias,
+    XPosEmbedding,
     sinusoidal_table,
 )
 from regulargpt.model.window_attention import sliding_window_attention
@@ -49,13 +54,21 @@ class _DenseTransformer(nn.Module):
         self.learned_positions = (
             LearnedPositions(cfg.max_positions, cfg.d_model, cfg.init_std) if cfg.position == "learned" else None
         )
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.position == "rope" else None
+        self.rotary: RotaryEmbedding | None = None
+        if cfg.position == "rope":
+            self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
+        elif cfg.position == "xpos":
+            self.rotary = XPosEmbedding(cfg.head_dim, cfg.rope_base, cfg.xpos_gamma, cfg.xpos_scale_base)
         init_weights(self, cfg, applications=cfg.n_layers)
         # One bias module per model, shared by every layer (as in ALiBi/T5/KERPLE); created after init_weights so
         # KERPLE keeps its reference initialisation.
         self.bias: nn.Module | None = None
         if cfg.position == "t5":
             self.bias = T5Bias(cfg.n_heads, cfg.t5_num_buckets, cfg.t5_max_distance, cfg.init_std)
+        elif cfg.position == "sandwich":
+            self.bias = SandwichBias(cfg.n_heads, cfg.sandwich_dim)
+        elif cfg.position == "fire":
+            self.bias = FireBias(cfg.n_heads, cfg.fire_mlp_width, cfg.fire_init_c, cfg.fire_init_threshold)
         elif cfg.position in ATTENTION_BIASES:
             self.bias = ATTENTION_BIASES[cfg.position](cfg.n_heads)
         self.xl = XLRelativeAttention(cfg.d_model, cfg.n_heads, cfg.init_std) if cfg.position == "xl_relative" else None
@@ -64,10 +77,8 @@ class _DenseTransformer(nn.Module):
         """Attention of one layer; `bias`: the forward pass's shared bias blocks (default: this model's bias)."""
         if self.xl is not None:
             return self.xl(q, k, v, self.config.attention_memory_mb)
-        if self.rotary is not None:
-            t, tq = k.shape[2], q.shape[2]  # queries are the last tq positions
-            q = self.rotary(q, torch.arange(t - tq, t, device=q.device))
-            k = self.rotary(k, torch.arange(t, device=k.device))
+        if self.rotary is not None:  # keys at positions 0..T−1, queries the last Tq of them
+            q, k = self.rotary.rotate_pair(q, k, 0)
         return self.attention_kernel(q, k, v, bias)
 
     def attention_kernel(self, q: Tensor, k: Tensor, v: Tensor, bias: CausalBias | None = None) -> Tensor:
