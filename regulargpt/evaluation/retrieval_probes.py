@@ -46,7 +46,7 @@ Logits = Callable[[Tensor], Tensor]  # (B, T) token ids → (B, T, V) logits
 @dataclass(frozen=True)
 class Case:
     """One trial: `candidates` (B, L + 1) full sequences (row 0 the truth); the model reads [:, :-1] and the
-    targets [:, score_from:] are scored. `answer_at`: where the hidden key (passkey) or first copy (copy) starts."""
+    targets [:, score_from:] are scored (predicted at input positions score_from − 1 …). `answer_at`: where the hidden key (passkey) or first copy (copy) starts."""
 
     candidates: Tensor
     score_from: int
@@ -87,7 +87,7 @@ def passkey_case(tok: Tokenizer, length: int, depth: float, seed: int, trial: in
     before = round(depth * room)
     prompt = intro + filler[:before] + needle + filler[before:] + question
     rows = torch.tensor([prompt + a for a in answers])  # (1 + DISTRACTORS, L + 1)
-    return Case(rows, len(prompt) - 1, len(intro) + before)
+    return Case(rows, len(prompt), len(intro) + before)
 
 
 def copy_case(vocab: Sequence[int], length: int, depth: float, seed: int, trial: int) -> Case:
@@ -103,7 +103,7 @@ def copy_case(vocab: Sequence[int], length: int, depth: float, seed: int, trial:
     seq = rng.choice(rest, total)
     seq[first:first + COPY_SPAN] = span
     seq[total - COPY_SPAN:] = span
-    return Case(torch.from_numpy(seq[None].astype(np.int64)), total - COPY_SPAN, first)
+    return Case(torch.from_numpy(seq[None].astype(np.int64)), total - COPY_SPAN + 1, first)  # tokens 1 … m−1
 
 
 @torch.no_grad()
