@@ -23,8 +23,9 @@ setup(
     ],
     # pytest-xdist: `make test` runs the suite on 2 workers; triton: the Triton kernel's tests run on CPU under
     # TRITON_INTERPRET=1; transformers + protobuf: the HF export tests (protobuf reads the sentencepiece model when
-    # converting it to tokenizer.json)
-    extras_require={"dev": ["pytest", "pytest-xdist", "triton", "transformers", "protobuf"]},
+    # converting it to tokenizer.json); lm_eval[hf] (0.4.13 tested; the hf extra brings accelerate): the real
+    # lm-evaluation-harness client on an export (tests/test_lm_eval.py, docs/EVALUATION.md)
+    extras_require={"dev": ["pytest", "pytest-xdist", "triton", "transformers", "protobuf", "lm_eval[hf]>=0.4.13"]},
     # The main commands; launch/*.py and eval/*.py are thin wrappers of the same `main` functions, so that
     # `deepspeed launch/pretrain.py --config …` and every documented `python …` command work from a checkout.
     entry_points={

@@ -44,10 +44,12 @@ import torch
 
 from regulargpt.checkpoint import CheckpointError
 from regulargpt.data.verify import LEVELS
-from regulargpt.cli import ROPE_SCALING_HELP, non_negative_int, positive_float, positive_ints, rope_scaling_json, run
+from regulargpt.cli import ROPE_SCALING_HELP, non_negative_int, positive_float, positive_int, positive_ints, \
+    rope_scaling_json, run
 from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
+from regulargpt.evaluation.probe_sweep import DEFAULT_DEPTHS, parse_probes, plan_probes, probe_tables, run_probes
 from regulargpt.folder_lock import hold_folder
 from regulargpt.write_errors import WriteError, explain_write_error
 
@@ -58,6 +60,17 @@ def _device(name: str) -> torch.device:
     if name == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(name)
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    """"0,0.5,1" → (0.0, 0.5, 1.0); each in [0, 1]."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated fractions in [0, 1], e.g. 0,0.5,1")
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every depth must be in [0, 1], e.g. 0,0.5,1")
+    return values
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,6 +109,17 @@ def parser() -> argparse.ArgumentParser:
                    help="check the split against its manifest before scoring: size, blocks (default: size + 64 "
                         "sampled blocks, at most 4 MiB read) or full (the whole file's sha256, once per file "
                         "version; docs/DATA.md), e.g. --verify-data full")
+    p.add_argument("--probe", action="append", default=None,
+                   help="also run retrieval probes at the same lengths, into the same results and table: passkey, "
+                        "copy (repeat the flag or a comma list), e.g. --probe passkey,copy (docs/EVALUATION.md)")
+    p.add_argument("--probe-depths", type=_fractions, default=DEFAULT_DEPTHS,
+                   help="where the key / first copy sits, as fractions of the context (default 0,0.25,0.5,0.75,1)")
+    p.add_argument("--probe-trials", type=positive_int, default=10,
+                   help="random trials per (length, depth) (default 10), e.g. --probe-trials 20")
+    p.add_argument("--probe-seed", type=non_negative_int, default=0, help="seed of the probes' keys and spans")
+    p.add_argument("--probe-threshold", type=positive_float, default=0.9,
+                   help="effective context length: the longest length with probe accuracy >= this there and at "
+                        "every shorter length (default 0.9)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the per-row lines are still printed)")
     return p
@@ -109,18 +133,25 @@ def main(argv: list[str] | None = None) -> int:
         try:
             overrides = {"lengths": args.lengths, "protocol": args.protocol, "stride": args.stride,
                          "tokens": args.tokens, "memory_gb": args.memory_gb}
+            probes = parse_probes(args.probe)
+            plan = plan_probes(args.runs, args.data, args.split, overrides, probes, args.depth_policy) if probes else []
             sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
                        device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
                        verify=args.verify_data, rope_scaling=args.rope_scaling)
+            if plan and rank == 0:
+                run_probes(plan, probes, args.split, args.out, args.probe_depths, args.probe_trials, args.probe_seed,
+                           _device(args.device), args.depth_policy)
         except (EvalError, CheckpointError, WriteError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         if rank == 0:
             rows = load_rows(Path(args.out) / "results.jsonl")
             with explain_write_error(args.out, "the report in"):
-                written = write_report(rows, args.out, command)
+                written = write_report(rows, args.out, command, probe_threshold=args.probe_threshold)
             print(f"wrote {args.out}/results.jsonl, {', '.join(written)}\n")
             print(console_tables(rows), flush=True)
+            if plan:
+                print("\n" + probe_tables(rows, args.probe_threshold), flush=True)
     return 0
 
 

@@ -158,7 +158,7 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
                             checked.weights_sha256)
     results = ResultsFile(Path(out_dir) / "results.jsonl", repair=rank == 0)
     done = results.latest()
-    before_tokens = {key[:-1]: row for key, row in done.items()}  # also a row whose token count differs
+    before_tokens = {key[:-2] + key[-1:]: row for key, row in done.items()}  # also a row whose token count differs
     _barrier()  # every rank has read the file before rank 0 appends to it
     stride_of = {length: length if protocol == "nonoverlapping" else (stride or max(1, length // 2)) for length in lengths}
     rows: list[dict[str, Any]] = []
@@ -173,12 +173,12 @@ def sweep(runs: Sequence[str | Path], data_dir: str | Path, split: str, lengths:
         depth, scaling, weights = scored[str(run)]
         for length in lengths:
             key = (str(run).rstrip("/"), depth, scaling, dataset, split, length, protocol, stride_of[length],
-                   counts[length])
+                   counts[length], None)  # lm_report.ROW_KEY; probe None: a perplexity row
             if is_done(done.get(key), memory_gb, weights, data.fingerprint):
                 already += 1
                 bar.update(counts[length])
                 continue
-            old = done.get(key) or before_tokens.get(key[:-1])
+            old = done.get(key) or before_tokens.get(key[:-2] + key[-1:])
             if old is not None and old.get("split_fingerprint") != data.fingerprint:
                 why = _other_data(old.get("split_fingerprint"), data.fingerprint)
                 replaced[why] = replaced.get(why, 0) + 1

@@ -51,7 +51,8 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
-ROW_KEY = ("run", "depth_policy", "rope_scaling", "dataset", "split", "length", "protocol", "stride", "tokens")
+ROW_KEY = ("run", "depth_policy", "rope_scaling", "dataset", "split", "length", "protocol", "stride", "tokens",
+           "probe")
 
 # How a differing config key is written in a variant's label (keys not listed: the key without its section).
 _SHORT_KEYS = {"model.depth_policy": "depth", "model.rope_scaling": "rope", "model.rel_bias_init": "r_init",
@@ -61,8 +62,9 @@ _SHORT_KEYS = {"model.depth_policy": "depth", "model.rope_scaling": "rope", "mod
 
 def row_key(row: Row) -> tuple[Any, ...]:
     """What identifies a result: (run, evaluation-time depth policy, RoPE scaling, dataset, split, length, protocol,
-    stride, tokens). The depth policy is None for rows scored with the model's own, the scaling (its canonical JSON,
-    :func:`regulargpt.config.rope_scaling.rope_scaling_key`) None for none; rows written before either existed too."""
+    stride, tokens, probe). The depth policy is None for rows scored with the model's own, the scaling (its canonical
+    JSON, :func:`regulargpt.config.rope_scaling.rope_scaling_key`) None for none; rows written before either existed
+    too; probe is None for perplexity rows and "passkey" / "copy" for probe rows (probe_sweep)."""
     return tuple(row.get(k) for k in ROW_KEY)
 
 
@@ -131,6 +133,8 @@ def aggregate(rows: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Any]]
     latest = latest_rows(rows)
     labels = variant_labels(latest)
     for row in latest:
+        if row.get("probe"):  # probe rows have their own tables (regulargpt.evaluation.probe_sweep)
+            continue
         g = groups.setdefault((row["dataset"], row["split"], row["protocol"]), {
             "lengths": set(), "models": {}, "cells": defaultdict(list), "skipped": {}, "tokens": {}, "stride": {},
             "train_length": set(), "params": defaultdict(set), "seeds": defaultdict(set), "runs": defaultdict(set)})
@@ -196,9 +200,12 @@ def markdown_table(group: dict[str, Any]) -> str:
 
 
 def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: str = "Perplexity vs evaluation length",
-                 extra: str = "") -> list[str]:
+                 extra: str = "", probe_threshold: float = 0.9) -> list[str]:
     """Write table.md, ppl_vs_length.png and loss_vs_position.png into `out_dir` from the rows → the names written
-    (the plots only with matplotlib installed: `regulargpt.evaluation.plotting`)."""
+    (the plots only with matplotlib installed: `regulargpt.evaluation.plotting`); probe rows add their sections
+    (effective length at `probe_threshold`) and probe_<name>.png (:mod:`regulargpt.evaluation.probe_sweep`)."""
+    from regulargpt.evaluation.probe_sweep import plot_probes, probe_tables  # it imports this module
+
     out_dir = Path(out_dir)
     prov = provenance(command)
     groups = aggregate(rows)
@@ -213,11 +220,12 @@ def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: 
         intro = (f"Perplexity (exp of the mean token NLL), {how}; mean ± sample std over seeds; best mean per "
                  f"length in bold. Column headers: evaluation length (multiple of the training length).")
         parts += [f"## {dataset} · {split} split · {protocol}", "", intro, "", markdown_table(g), ""]
+    parts.append(probe_tables(rows, probe_threshold))
     atomic_write_text(out_dir / "table.md", "\n".join(parts).rstrip() + "\n")
     plots = [out_dir / "ppl_vs_length.png", out_dir / "loss_vs_position.png"]
     plot_ppl_vs_length(rows, plots[0])
     plot_loss_vs_position(rows, plots[1])
-    return ["table.md", *(path.name for path in plots if str(path) not in skipped_plots())]
+    return ["table.md", *(path.name for path in plots if str(path) not in skipped_plots()), *plot_probes(rows, out_dir)]
 
 
 def console_tables(rows: Sequence[Row]) -> str:
@@ -281,7 +289,7 @@ def _position_curves(rows: Sequence[Row], group: tuple[str, str, str],
     latest = latest_rows(rows)
     labels = variant_labels(latest)
     for row in latest:
-        if (row["dataset"], row["split"], row["protocol"]) != group or row.get("skipped"):
+        if (row["dataset"], row["split"], row["protocol"]) != group or row.get("skipped") or row.get("probe"):
             continue
         for b in row.get("per_position", []):
             s = acc[labels[_variant(row)]][row["length"]].setdefault((b["start"], b["end"]), [0.0, 0])

@@ -116,7 +116,7 @@ def export_hf(out: str | Path, cfg: Config, model: nn.Module, tok: Tokenizer, ca
         raise ExportError(f"tokenizer {tok.path} has {tok.vocab_size} pieces; the model's vocabulary is "
                           f"{cfg.model.vocab_size} (not the tokenizer the run trained with?)")
     regular = cfg.model.architecture == "regular_gpt"
-    special = {"eos_token_id": tok.eos_id, "bos_token_id": tok.bos_id if tok.bos_id >= 0 else None,
+    special = {"eos_token_id": tok.eos_id, "bos_token_id": tok.eos_id,  # as the tokenizer: bos = eos (hf/tokenizer.py)
                "pad_token_id": tok.pad_id if tok.pad_id >= 0 else None}
     hf_config = RegularGPTConfig(
         regulargpt=config_to_dict(cfg)["model"], depth_policy=(depth_policy or cfg.model.depth_policy) if regular else None,

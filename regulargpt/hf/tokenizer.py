@@ -14,9 +14,10 @@ pieces, ranked by the merged piece's score, with ``byte_fallback``. Decoding is 
 nothing stripped. Worked example: pieces "d", "e", "f", "de", "def" (scores −1, −2, −3, −4, −5 after the
 characters) give merges (d, e) then (de, f): "def" → one id, as sentencepiece gives.
 
-Special tokens: ``<unk>``, ``<s>``, ``</s>`` (eos: ends every document in the token shards), ``<pad>``, none added
-when encoding (the shards hold no bos), and ``split_special_tokens``: a text containing "</s>" is encoded as
-characters, as sentencepiece does, not as the eos id.
+Special tokens: ``<unk>``, ``</s>`` (eos: ends every document in the token shards; also the bos, since every
+document in them follows one), ``<pad>`` and ``<s>`` (unused by the shards), none added when encoding, and
+``split_special_tokens``: a text containing "</s>" is encoded as characters, as sentencepiece does, not as the eos
+id.
 """
 
 from __future__ import annotations
@@ -84,9 +85,13 @@ def save_hf_tokenizer(tok: Tokenizer, out: Path) -> PreTrainedTokenizerFast:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` (and the sentencepiece model itself, as
     ``tokenizer.model``) into the folder `out` → the tokenizer ``AutoTokenizer`` will load from it."""
     sp = tok.sp
-    special = {"unk_token": sp.id_to_piece(sp.unk_id()), "eos_token": sp.id_to_piece(sp.eos_id())}
+    eos = sp.id_to_piece(sp.eos_id())
+    # bos = eos, as GPT-2 has it: in the token shards every document follows an eos and none starts with <s>, so a
+    # tool that starts a text with bos (lm-evaluation-harness's loglikelihood prefix, generate from nothing) reads
+    # what the model was trained on. <s> stays a special token (skipped when decoding with skip_special_tokens).
+    special = {"unk_token": sp.id_to_piece(sp.unk_id()), "eos_token": eos, "bos_token": eos}
     if sp.bos_id() >= 0:
-        special["bos_token"] = sp.id_to_piece(sp.bos_id())
+        special["additional_special_tokens"] = [sp.id_to_piece(sp.bos_id())]
     if sp.pad_id() >= 0:
         special["pad_token"] = sp.id_to_piece(sp.pad_id())
     hf = PreTrainedTokenizerFast(tokenizer_object=fast_tokenizer(tok), split_special_tokens=True,
