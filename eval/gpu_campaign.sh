@@ -52,7 +52,7 @@ if [ "$DEVICE" = cpu ]; then
 else
   SIZE=()
   STEPS_FLAG=() CHECK=(--algorithms triton --length 1003 --heads 12 --cases 2:1,16:16,8:64)
-  KERNEL_ARGS=(--device cuda --lengths 16384,65536 --chunks 8,16 --dtype bf16 --reps 20)
+  KERNEL_ARGS=(--device cuda --lengths 16384,65536 --chunks 8,16 --dtype bf16 --reps 20 --algorithms triton,sdpa)
   CORPUS=(--vocab-size 8000 --max-bytes 250000000 --tokenizer-sample-bytes 8000000)
   EVAL_LENGTHS=512,1024,2048,4096,8192,16384 EVAL_TOKENS=65536 EVAL_MEMORY=16 PROFILE_BATCH=32
   CAPS=(20 40 30 40 295 70 15)  # 510 s
