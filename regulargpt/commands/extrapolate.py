@@ -49,7 +49,8 @@ from regulargpt.cli import ROPE_SCALING_HELP, non_negative_int, positive_float, 
 from regulargpt.evaluation.lm_report import console_tables, load_rows, write_report
 from regulargpt.evaluation.length_sweep import distributed_context, sweep_runs
 from regulargpt.evaluation.perplexity import EvalError
-from regulargpt.evaluation.probe_sweep import DEFAULT_DEPTHS, parse_probes, plan_probes, probe_tables, run_probes
+from regulargpt.evaluation.probe_report import probe_tables
+from regulargpt.evaluation.probe_sweep import DEFAULT_DEPTHS, parse_probes, plan_probes, run_probes
 from regulargpt.folder_lock import hold_folder
 from regulargpt.write_errors import WriteError, explain_write_error
 

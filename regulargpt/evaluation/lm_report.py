@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -30,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from regulargpt.config.rope_scaling import describe_rope_scaling
 from regulargpt.evaluation.plotting import pyplot, skipped_plots
-from regulargpt.files import atomic_savefig, atomic_write_text, read_jsonl
+from regulargpt.evaluation.probe_report import plot_probes, probe_tables
+from regulargpt.evaluation.result_rows import ROW_KEY, Row, latest_rows, load_rows, row_key, variant_id_of, variant_labels
+from regulargpt.files import atomic_savefig, atomic_write_text
 from regulargpt.provenance import provenance, report_head
 
 __all__ = [
@@ -50,81 +50,6 @@ __all__ = [
     "write_report",
 ]
 
-Row = dict[str, Any]
-ROW_KEY = ("run", "depth_policy", "rope_scaling", "dataset", "split", "length", "protocol", "stride", "tokens",
-           "probe")
-
-# How a differing config key is written in a variant's label (keys not listed: the key without its section).
-_SHORT_KEYS = {"model.depth_policy": "depth", "model.rope_scaling": "rope", "model.rel_bias_init": "r_init",
-               "model.depth_scaled_init": "depth_init",
-               "checkpoint_step": "step", "data.dataset": "data"}
-
-
-def row_key(row: Row) -> tuple[Any, ...]:
-    """What identifies a result: (run, evaluation-time depth policy, RoPE scaling, dataset, split, length, protocol,
-    stride, tokens, probe). The depth policy is None for rows scored with the model's own, the scaling (its canonical
-    JSON, :func:`regulargpt.config.rope_scaling.rope_scaling_key`) None for none; rows written before either existed
-    too; probe is None for perplexity rows and "passkey" / "copy" for probe rows (probe_sweep)."""
-    return tuple(row.get(k) for k in ROW_KEY)
-
-
-def load_rows(path: str | Path) -> list[Row]:
-    """The rows of a results file, read with :func:`regulargpt.files.read_jsonl` (a torn last line is dropped with a
-    warning; any other bad line is an error naming file and line). FileNotFoundError if there is no file."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{path}: no results file")
-    return read_jsonl(path)
-
-
-def latest_rows(rows: Sequence[Row]) -> list[Row]:
-    """The last row per :func:`row_key`, in first-seen order, leaving out rows of replaced data: where rows of a
-    (dataset, split) record the content they scored (``split_fingerprint``), only rows with the fingerprint of the
-    last such row count; older ones, and rows without a fingerprint, scored a folder that has since been rebuilt."""
-    current = {(row.get("dataset"), row.get("split")): row["split_fingerprint"] for row in rows
-               if row.get("split_fingerprint") is not None}
-    latest: dict[tuple[Any, ...], Row] = {}
-    for row in rows:
-        mine = row.get("split_fingerprint")
-        if mine == current.get((row.get("dataset"), row.get("split")), mine):
-            latest[row_key(row)] = row
-    return list(latest.values())
-
-
-def _variant(row: Row) -> str:
-    """The row's variant id; rows written before variants existed fall back to their model name."""
-    return row.get("variant") or row["model"]
-
-
-def _short(key: str, value: Any) -> str:
-    name = _SHORT_KEYS.get(key, key.split(".", 1)[-1])
-    text = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-    if key == "model.rope_scaling" and isinstance(value, dict):
-        text = describe_rope_scaling(value)
-    return f"{name}={text}"
-
-
-def variant_labels(rows: Sequence[Row]) -> dict[str, str]:
-    """variant id → display label: the model name, plus ``key=value`` for every config key whose value differs
-    between the variants that share that name (in the order of the config).
-
-    >>> rows = [{"model": "M", "variant": "a", "variant_config": {"model.pad": "learned", "train.lr": 1}},
-    ...         {"model": "M", "variant": "b", "variant_config": {"model.pad": "mask", "train.lr": 1}}]
-    >>> variant_labels(rows)
-    {'a': 'M pad=learned', 'b': 'M pad=mask'}
-    """
-    by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for row in rows:
-        by_name[row["model"]].setdefault(_variant(row), row.get("variant_config") or {})
-    labels = {}
-    for name, variants in by_name.items():
-        keys = list(dict.fromkeys(k for cfg in variants.values() for k in cfg))
-        differing = [k for k in keys if len({json.dumps(cfg.get(k), sort_keys=True) for cfg in variants.values()}) > 1]
-        for vid, cfg in variants.items():
-            extra = " ".join(_short(k, cfg[k]) for k in differing if k in cfg)
-            labels[vid] = f"{name} {extra}".strip()
-    return labels
-
-
 def aggregate(rows: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Group → {"lengths", "models" (variant labels, first-seen order), "cells" {(label, L): [ppl per run]},
     "seeds" (distinct seeds per label), "runs", "skipped", "tokens", "stride", "train_length", "params"} over the
@@ -138,7 +63,7 @@ def aggregate(rows: Sequence[Row]) -> dict[tuple[str, str, str], dict[str, Any]]
         g = groups.setdefault((row["dataset"], row["split"], row["protocol"]), {
             "lengths": set(), "models": {}, "cells": defaultdict(list), "skipped": {}, "tokens": {}, "stride": {},
             "train_length": set(), "params": defaultdict(set), "seeds": defaultdict(set), "runs": defaultdict(set)})
-        model, length = labels[_variant(row)], row["length"]
+        model, length = labels[variant_id_of(row)], row["length"]
         g["runs"][model].add(row["run"])
         g["lengths"].add(length)
         g["models"].setdefault(model, None)
@@ -203,9 +128,7 @@ def write_report(rows: Sequence[Row], out_dir: str | Path, command: str, title: 
                  extra: str = "", probe_threshold: float = 0.9) -> list[str]:
     """Write table.md, ppl_vs_length.png and loss_vs_position.png into `out_dir` from the rows → the names written
     (the plots only with matplotlib installed: `regulargpt.evaluation.plotting`); probe rows add their sections
-    (effective length at `probe_threshold`) and probe_<name>.png (:mod:`regulargpt.evaluation.probe_sweep`)."""
-    from regulargpt.evaluation.probe_sweep import plot_probes, probe_tables  # it imports this module
-
+    (effective length at `probe_threshold`) and probe_<name>.png (:mod:`regulargpt.evaluation.probe_report`)."""
     out_dir = Path(out_dir)
     prov = provenance(command)
     groups = aggregate(rows)
@@ -292,7 +215,7 @@ def _position_curves(rows: Sequence[Row], group: tuple[str, str, str],
         if (row["dataset"], row["split"], row["protocol"]) != group or row.get("skipped") or row.get("probe"):
             continue
         for b in row.get("per_position", []):
-            s = acc[labels[_variant(row)]][row["length"]].setdefault((b["start"], b["end"]), [0.0, 0])
+            s = acc[labels[variant_id_of(row)]][row["length"]].setdefault((b["start"], b["end"]), [0.0, 0])
             s[0] += b["nll"] * b["tokens"]
             s[1] += b["tokens"]
     out: dict[str, dict[int, tuple[list, list]]] = {}

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from regulargpt.evaluation.lm_report import row_key
+from regulargpt.evaluation.result_rows import row_key
 from regulargpt.files import read_jsonl
 from regulargpt.write_errors import explain_write_error
 
