@@ -37,6 +37,9 @@ COMPILED = {"msgpack": "msgpack", "psutil": "psutil", "pydantic-core": "pydantic
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 IMAGE = {"torch", "triton", "numpy", "packaging", "tqdm", "typing-extensions", "typing_extensions", "filelock",
          "sympy", "mpmath", "networkx", "jinja2", "markupsafe", "fsspec", "setuptools", "nvidia-ml-py"}  # the image's
+# imported by deepspeed only inside try/except (deepspeed/autotuning/autotuner.py), loaded here only because lm_eval
+# (dev extra) installs it: absent on the image, deepspeed runs without it
+OPTIONAL = {"tabulate"}
 
 
 def _pip(*args: str) -> None:
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         need = install(args.wheels, args.target)
         print(f"installed into {args.target}: {', '.join(need)}" if need else "nothing to install")
     else:
-        listed = {n.replace("_", "-") for n in [*PURE, *COMPILED, *IMAGE]}
+        listed = {n.replace("_", "-") for n in [*PURE, *COMPILED, *IMAGE, *OPTIONAL]}
         extra = sorted(runtime_distributions() - listed)
         print("\n".join(extra) if extra else "none")
         return 1 if extra else 0

@@ -40,6 +40,8 @@ from regulargpt.provenance import provenance, report_head  # noqa: E402
 TEST_MAP: dict[str, tuple[list[str], list[str]]] = {
     "regulargpt/model/position.py": (["tests/test_position.py", "tests/test_attention_truth.py"],
                                      ["tests/test_dense_attention.py", "tests/test_window_attention.py"]),
+    "regulargpt/model/rotary.py": (["tests/test_position.py", "tests/test_rope_scaling.py"],
+                                   ["tests/test_position_schemes.py"]),
     "regulargpt/model/cpu_operator.py": (["tests/test_kernel_cpp.py"], ["tests/test_attention_truth.py"]),
     "regulargpt/kernels/": (["tests/test_kernel_cpp.py"], ["tests/test_attention_truth.py"]),
     "regulargpt/model/sliding_dilated.py": (["tests/test_attention_truth.py", "tests/test_sliding_dilated.py"],

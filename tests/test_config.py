@@ -30,6 +30,10 @@ def test_every_shipped_config_loads_and_round_trips(tmp_path):
                    if not (f.parent.name == "formal" and f.name in fragments) and f.parent.name not in fragments)
     assert len(files) >= 16 + 19
     for f in files:
+        if f.parent.name == "campaign" and f.name == "plan.json":  # the campaign's plan, not a training config
+            from regulargpt.experiments.gpu_campaign.plan import load_plan_config
+            assert load_plan_config(f).models, f
+            continue
         kind = FormalConfig if f.parent.name == "formal" else Config  # one config class per trainer
         cfg = load_config(f, kind=kind)
         again = load_config_dict(json.loads(json.dumps(config_to_dict(cfg))), kind=kind)

@@ -82,7 +82,7 @@ def test_score_windows_sums_each_scored_targets_nll_by_position(protocol: str, s
 
 def test_result_row_is_the_token_weighted_mean() -> None:
     """Position 0 scores 3 tokens (NLL sum 6), position 1 one token (NLL 1): the mean is 7/4, not (2 + 1)/2."""
-    cfg = SimpleNamespace(data=SimpleNamespace(seq_len=2), model=None)
+    cfg = SimpleNamespace(data=SimpleNamespace(seq_len=2), model=SimpleNamespace(rope_scaling=None))
     info = SimpleNamespace(run="r", depth_override=None, label="m", seed=0, step=1, weights_sha256="0", variant={},
                            cfg=cfg, params=1)
     plan = plan_windows(4, 2, "sliding", 1)

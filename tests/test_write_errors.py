@@ -123,9 +123,11 @@ def test_a_folder_without_write_permission_names_its_owner_and_mode(tmp_path: Pa
     user, modes = None, {}
     if os.geteuid() == 0:
         user = 65534
-        for parent in [tmp_path, *tmp_path.parents][:3]:  # nobody must reach the folder (pytest's are 0700)
-            modes[parent] = parent.stat().st_mode
-            parent.chmod(modes[parent] | 0o005)
+        for parent in [tmp_path, *tmp_path.parents]:  # nobody must reach the folder (pytest's are 0700, and
+            mode = parent.stat().st_mode               # xdist's tmp_path is one level deeper)
+            if mode & 0o005 != 0o005:
+                modes[parent] = mode
+                parent.chmod(mode | 0o005)
     else:
         folder.chmod(0o555)
     try:
