@@ -45,9 +45,11 @@ def load_table(path: str | Path = TABLE) -> dict:
     return table
 
 
-@functools.cache
+_DEFAULT_TABLE = load_table(TABLE)  # read at import, so torch.compile traces only the arithmetic of table_choice
+
+
 def _default_table() -> dict:
-    return load_table(TABLE)
+    return _DEFAULT_TABLE
 
 
 def table_choice(chunk_size: int, dilation: int, length: int, dtype: torch.dtype, table: dict | None = None
