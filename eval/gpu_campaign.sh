@@ -11,7 +11,8 @@
 #   eval         70  eval/extrapolate.py on the four runs at 512 … 16384, RegularGPT under adaptive and train depth
 #   profile      15  the top kernels of one RegularGPT training step
 # --part speed (210 s; run as a second command on the same machine, or first on the next one once the LM part
-# has landed): the kernel dispatch table, the base config's training step compiled, long context, T5 vs ALiBi.
+# has landed): the kernel dispatch table, the base config's training step compiled against ALiBi and T5, long
+# context.
 #
 #   bash eval/gpu_campaign.sh                  # on the GPU: run(command="COMMIT=<sha> bash eval/gpu_campaign.sh",
 #                                              #   carry=["eval/gpu_wheels"], timeout_s=600)
@@ -48,7 +49,8 @@ if [ "$DEVICE" = cpu ]; then
   EVAL_LENGTHS=32,64,128,256,512 EVAL_TOKENS=2048 EVAL_MEMORY=1 PROFILE_BATCH=2
   export REGULARGPT_COMPILE_BACKEND=${REGULARGPT_COMPILE_BACKEND:-aot_eager}
   CAPS=(60 120 120 120 600 300 120)  # caps, not expectations: the suite runs this beside another pytest worker
-  SPEED_CAPS=(60 120 240 240 240)
+  DISPATCH_ARGS=(--device cpu --lengths 256 --chunks 4 --dtype fp32 --reps 1 --algorithms blocked,shift)
+  SPEED_CAPS=(60 120 240 240)
 else
   SIZE=()
   STEPS_FLAG=() CHECK=(--algorithms triton --length 1003 --heads 12 --cases 2:1,16:16,8:64)
@@ -56,7 +58,8 @@ else
   CORPUS=(--vocab-size 8000 --max-bytes 250000000 --tokenizer-sample-bytes 8000000)
   EVAL_LENGTHS=512,1024,2048,4096,8192,16384 EVAL_TOKENS=65536 EVAL_MEMORY=16 PROFILE_BATCH=32
   CAPS=(20 40 30 40 295 70 15)  # 510 s
-  SPEED_CAPS=(10 35 60 85 20)   # 210 s, env included (the wheels are installed once per $WORK)
+  DISPATCH_ARGS=(--device cuda --dtype bf16 --reps 5 --algorithms triton,blocked,shift)  # its T × C grid
+  SPEED_CAPS=(10 55 60 85)   # 210 s, env included (the wheels are installed once per $WORK)
 fi
 [ -n "${CAMPAIGN_CAPS:-}" ] && read -r -a CAPS <<< "$CAMPAIGN_CAPS"  # e.g. CAMPAIGN_CAPS="60 120 120 120 2 300 120"
 MODELS=$($PY -c "import json; print(' '.join(json.load(open('configs/campaign/plan.json'))['models']))")
@@ -164,7 +167,8 @@ profile_step() {
 
 # --part speed ----------------------------------------------------------------------------------------------------------
 dispatch_step() {  # the measured table behind `auto` on CUDA
-  $PY eval/bench_kernel_gpu.py "${KERNEL_ARGS[@]}" --dispatch-table "$W/dispatch.json" --out "$W/dispatch.md"
+  $PY eval/bench_kernel_gpu.py "${DISPATCH_ARGS[@]}" --dispatch-table "$W/dispatch.json" --out "$W/dispatch.md" \
+    --jsonl "$W/dispatch.jsonl"
 }
 train_speed_step() {  # the base config's training step compiled, against ALiBi and T5 at equal layer applications
   local args=(--configs configs/base.json --steps 10 --warmup 3 --rounds 1 --base-batch 32 --compile)
@@ -176,9 +180,6 @@ long_step() {
   [ "$DEVICE" = cpu ] && extra=(--lengths 256,512 --shrink)
   $PY eval/bench_long_context.py --device "$DEVICE" "${extra[@]}" --budget-s $((${SPEED_CAPS[3]} - 10)) \
     --out "$W/long_context.md" --jsonl "$W/long_context.jsonl"
-}
-eval_compiles_step() {  # ALiBi and KERPLE scored at 512 … 16384: how many FlexAttention compiles
-  $PY eval/bench_step_ops.py --eval-compiles --device "$DEVICE" --out "$W/eval_compiles.md"
 }
 
 if [ "${1:-}" = --step ]; then  # one step, inside step()'s time cap
@@ -193,7 +194,6 @@ if [ "$PART" = speed ]; then
   step dispatch "${SPEED_CAPS[1]}"
   step train_speed "${SPEED_CAPS[2]}"
   step long "${SPEED_CAPS[3]}"
-  step eval_compiles "${SPEED_CAPS[4]}"
 else
   step env "${CAPS[0]}"
   cat "$W/env.log"
