@@ -156,13 +156,13 @@ def count_bytes(length: int, heads: int, head_dim: int, chunk: int, dilation: in
         entry[0] += chosen.size * (ptrs.get_element_ty().primitive_bitwidth // 8)
         entry[1].append(chosen.reshape(-1).astype(np.uint64))
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    def masked_load(self, ptrs, mask, *rest):  # rest: other, cache policy, … (Triton 3.6 added an argument)
         record(ptrs, mask)
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        return load(self, ptrs, mask, *rest)
 
-    def masked_store(self, ptrs, value, mask, cache_policy):
+    def masked_store(self, ptrs, value, mask, *rest):
         record(ptrs, mask)
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *rest)
 
     builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
     try:

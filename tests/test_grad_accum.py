@@ -8,16 +8,13 @@ F.cross_entropy computed in the script) and a NaN step (skipped, no weight moved
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, run_env
 
 
 def test_grad_accum_4_equals_one_step_on_the_4x_batch_under_zero_0_and_1() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = run_env()  # keeps the PYTHONPATH beside an image (the campaign's deps: deepspeed, psutil)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "grad_accum_step.py"), "0", "1"], cwd=ROOT, env=env,
