@@ -68,6 +68,24 @@ def test_the_campaign_runs_every_step_on_cpu_and_its_report_reads_what_came_back
 
 
 @pytest.mark.slow
+def test_the_speed_part_runs_every_step_on_cpu(tmp_path):
+    """--part speed: the dispatch table (blocked and shift on a CPU), the training step against ALiBi and T5, and
+    the long-context bench on the 16k configs cut to T = 256: each step exits 0 and its files are packed."""
+    proc, out = _campaign(tmp_path, "--part", "speed")
+    summary = (out / "summary-speed.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == ["env", "dispatch", "train_speed", "long"], summary
+    assert proc.returncode == 0, summary + [proc.stdout[-3000:], proc.stderr[-2000:]]
+    got = _unpack(out, tmp_path, "speed")
+    table = json.loads((got / "dispatch.json").read_text())
+    assert {c["fastest"] for c in table["cells"]} <= {"blocked", "shift"} and len(table["cells"]) == 4  # D 1,4,16,64
+    bench = (got / "bench_train.md").read_text()
+    assert "| transformer/alibi |" in bench and "| transformer/t5 |" in bench
+    rows = [json.loads(line) for line in (got / "long_context.jsonl").read_text().splitlines()]
+    assert {r["model"] for r in rows} == {"regular_gpt", "regular_gpt_train", "alibi", "flash"}
+    assert all(r["status"] == "ok" for r in rows), rows
+
+
+@pytest.mark.slow
 def test_a_step_cut_by_its_cap_leaves_the_finished_steps_files(tmp_path):
     """The study gets a 3 s cap: it is cut (its first run stopped), the later steps still run, and the tarball holds
     every file of the steps before it."""

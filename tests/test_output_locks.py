@@ -25,7 +25,10 @@ _HOLD = """
 import sys, time
 from regulargpt.folder_lock import hold_folder, hold_target
 kind, path = sys.argv[1], sys.argv[2]
-with (hold_folder(path, "holder") if kind == "folder" else hold_target(path, "holder")):
+from regulargpt.run_directory.layout import LOCK_FILE
+held = {"folder": lambda: hold_folder(path, "holder"), "target": lambda: hold_target(path, "holder"),
+        "trainer": lambda: hold_folder(path, "holder", "--run-dir", LOCK_FILE)}[kind]()
+with held:
     print("held", flush=True)
     time.sleep(120)
 """
@@ -57,10 +60,15 @@ def _cases(tmp_path: Path) -> list[tuple[str, str, Path, list[str]]]:
                                                       str(tmp_path / "no-corpus"), "--out", str(out / "data")]),
         ("study", "folder", out, [sys.executable, "eval/lm_comparison.py", "--demo", "--report-only", "--out",
                                   str(out)]),
+        ("formal sweep", "folder", out, [sys.executable, "eval/formal.py", "sweep", "--profile", "quick", "--tasks",
+                                         "no_such_task", "--out", str(out)]),
+        ("formal training", "trainer", out, [sys.executable, "launch/train_formal.py", "--config",
+                                             str(tmp_path / "no-config.json"), "--run-dir", str(out)]),
     ]
 
 
-@pytest.mark.parametrize("index", range(4), ids=["extrapolate", "export", "prepare", "lm_comparison"])
+@pytest.mark.parametrize("index", range(6), ids=["extrapolate", "export", "prepare", "lm_comparison", "formal_sweep",
+                                                 "train_formal"])
 def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path: Path,
                                                                                             index: int) -> None:
     job, kind, locked, cmd = _cases(tmp_path)[index]
@@ -78,7 +86,8 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is
         assert re.search(rf"is in use by another holder: pid {holder.pid} on host {socket.gethostname()}, "
                          rf"heartbeat \d+ s ago, started 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC, command `-c {kind} "
                          rf"{locked}`", line), line
-        assert f"stop it (kill {holder.pid} on {socket.gethostname()}), or use another --out" in line, line
+        flag = "--run-dir" if kind == "trainer" else "--out"
+        assert f"stop it (kill {holder.pid} on {socket.gethostname()}), or use another {flag}" in line, line
         assert time.time() - started < 60 and _snapshot(tmp_path / "out") == before  # at once, nothing written
     finally:
         holder.send_signal(signal.SIGKILL)

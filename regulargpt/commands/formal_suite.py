@@ -63,6 +63,7 @@ from regulargpt.evaluation.formal_scoring import (
     range_score,
 )
 from regulargpt.experiments import formal_slurm
+from regulargpt.folder_lock import hold_folder
 from regulargpt.experiments.formal_cost import GPU_STEP_FACTOR
 from regulargpt.experiments.formal_sweep import load_profile, plan_runs, run_sweep
 from regulargpt.experiments.formal_tables import write_tables
@@ -133,9 +134,16 @@ def _table_json(flag: str, given: str | None, default: Path) -> Path | None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run and not args.slurm:
         raise ConfigError("--dry-run: only with --slurm (a local sweep has nothing to submit; --list shows its runs)")
-    profile = load_profile(args.profile, args.configs)
     if args.array_task is not None:  # one task of a job array (launch/slurm/array.sbatch passes --array-task)
-        return formal_slurm.run_array_task(args, profile)
+        return formal_slurm.run_array_task(args, load_profile(args.profile, args.configs))
+    if args.list or args.slurm:  # nothing trained here: no lock
+        return _sweep(args)
+    with hold_folder(args.out, "formal sweep"):  # one local sweep per --out (its runs are trained by its workers)
+        return _sweep(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile, args.configs)
     specs = plan_runs(profile, args.out, configs_dir=args.configs, tasks=args.tasks, models=args.models,
                       seeds=args.seeds, lrs=args.lrs, sets=args.set)
     recorded = None if args.retrain_recorded else _table_json(

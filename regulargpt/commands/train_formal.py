@@ -22,7 +22,8 @@ import torch
 from regulargpt.cli import non_negative_int, positive_int, run
 from regulargpt.config import ConfigError, FormalConfig, load_config
 from regulargpt.files import read_jsonl
-from regulargpt.run_directory.layout import SOLVE_FILE
+from regulargpt.folder_lock import hold_folder
+from regulargpt.run_directory.layout import LOCK_FILE, SOLVE_FILE
 from regulargpt.train.formal_trainer import SolveCheck, check_lengths_option, formal_task, train_formal
 
 
@@ -44,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    with hold_folder(args.run_dir, "formal training", "--run-dir", LOCK_FILE):  # one trainer per run directory
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, FormalConfig)
     try:
         formal_task(cfg)  # the task name, its options and the model's vocabulary/classes, before anything is written
