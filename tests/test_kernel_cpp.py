@@ -76,6 +76,17 @@ def test_segments_longer_than_a_work_unit_and_wide_heads():
         _check_against_reference(c, 1, 600, pad, torch.float64, 1e-10, b=1, h=2, dh=40)
 
 
+@pytest.mark.parametrize("pad", [True, False], ids=["pad", "mask"])
+def test_keys_taken_four_at_a_time_and_rings_that_differ_between_forward_and_backward(pad):
+    """The scores take the keys four at a time (sdvec::dots): C = 5 leaves one key to a single dot product, C = 16
+    is four groups, and a chain's first steps have fewer keys (mask) than C. Rows of H·Dh = 256 fp64 (2 KiB): at
+    C = 16 the forward's ring holds G = 4 chains, the backward's G = 1, so the two passes tile differently."""
+    for c, dilation, t in [(5, 1, 301), (5, 5, 97), (5, 25, 130), (16, 1, 300), (16, 16, 301), (16, 256, 300)]:
+        _check_against_reference(c, dilation, t, pad, torch.float64, 1e-10, b=1, h=2, dh=12)
+    _check_against_reference(16, 16, 700, pad, torch.float64, 1e-10, b=1, h=4, dh=64)
+    _check_against_reference(16, 16, 700, pad, torch.float32, 1e-5, b=1, h=4, dh=64)
+
+
 @pytest.mark.parametrize("dh", [12, 20])
 def test_head_dims_that_leave_a_partial_vector(dh):
     """Dh = 12, 20: 8 fp32 lanes leave a 4-wide tail in every load, dot, combine and store. T = 700 spans several

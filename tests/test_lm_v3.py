@@ -25,7 +25,7 @@ from regulargpt.experiments.lm_comparison.v3_report import budget_suffixes, v3_s
 def test_the_v3_stages_cover_every_row_once_with_the_asked_seeds() -> None:
     plan = study.V3
     runs = [(m.name, s) for _, m, s in plan.trainings()]
-    assert len(runs) == len(set(runs)) == 31
+    assert len(runs) == len(set(runs)) == 35
     seeds = {name: sorted(s for n, s in runs if n == name) for name, _ in runs}
     assert seeds["alibi_l12"] == [0, 1, 2] and seeds["kerple_log_l12"] == [0]  # 3 seeds for ALiBi-12
     for model in study.V3_BUDGET_MODELS:  # 2 seeds at every budget
@@ -35,6 +35,14 @@ def test_the_v3_stages_cover_every_row_once_with_the_asked_seeds() -> None:
     first = {(n, s) for n, s in runs[:6]}
     assert first == {(n, 0) for n in ("regular_gpt", "alibi", "nope_w64", "rope_w64", "alibi_l12", "rg_c8")}
     assert plan.then == ("v2-t256",) and study.STUDIES["v2-t256"].lengths[-1] == 8192
+    # the position encodings of 2023: one seed each, the last stage, every one probed with passkey
+    assert runs[-4:] == [("fire", 0), ("xpos", 0), ("sandwich", 0), ("rope", 0)]
+    assert plan.probes == (("fire", "passkey"), ("xpos", "passkey"), ("sandwich", "passkey"), ("rope", "passkey"))
+    by_name = {m.name: m for m in plan.models}
+    assert [s.as_dict() for s in by_name["rope"].rope_scalings] == [
+        {"rope_type": "yarn", "factor": 32, "original_max_position_embeddings": 64},
+        {"rope_type": "dynamic", "factor": 32, "original_max_position_embeddings": 64}]
+    assert plan.steps_of(by_name["fire"]) == 1200 and by_name["rope"].sets == ()  # 1.2M tokens, no window
 
 
 def test_v3_rows_train_with_their_own_steps_layers_and_window() -> None:
@@ -185,7 +193,7 @@ def test_a_study_whose_run_folders_are_gone_resumes_from_its_committed_rows(stdl
     dropped = [line for line in rows if json.loads(line)["run"].endswith("alibi-seed0")
                and json.loads(line)["length"] == 128]
     results.write_text("\n".join(line for line in rows if line not in dropped) + "\n")
-    assert study.missing_rows(plan, *alibi) == [(128, None, "nonoverlapping")]
+    assert study.missing_rows(plan, *alibi) == [(128, None, "nonoverlapping", None, None)]
     assert study.done(plan, *rg) and not study.done(plan, *alibi)
     assert "| first | the headline rows | 1 / 2 |" in study.estimate_table([plan])
     assert study.train_all(plan) == []  # trains alibi again, not regular_gpt
@@ -213,3 +221,74 @@ def test_a_paired_gap_reports_its_mean_and_per_seed_range_by_hand() -> None:
     one = _mean_gap({**table, ("w", "adaptive"): Summary("w", "adaptive", {64: {0: 50.0}})},
                     ("rg", "train"), ("w", "adaptive"), 64)
     assert one is not None and one.spread == "n=1"
+
+
+def test_an_evaluation_time_rope_scaling_is_checked_where_the_plan_is_written() -> None:
+    yarn = study.RopeScaling("yarn", 32, 64)
+    assert yarn.key == '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"yarn"}'
+    with pytest.raises(ValueError, match=r"rope_type: 'yarnn' is not accepted; expected one of 'linear', 'ntk', "
+                                         r"'dynamic', 'yarn'"):
+        study.RopeScaling("yarnn", 32, 64)
+    with pytest.raises(ValueError, match="factor: 0.5 is not accepted"):
+        study.RopeScaling("dynamic", 0.5, 64)
+    with pytest.raises(TypeError, match="rope_scalings takes RopeScaling objects"):
+        study.Variant("rope", "rope", rope_scalings=({"rope_type": "yarn", "factor": 32},))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="repeat a rope_type"):
+        study.Variant("rope", "rope", rope_scalings=(yarn, study.RopeScaling("yarn", 16, 64)))
+    with pytest.raises(ValueError, match="probes"):
+        dataclasses.replace(study.V3, probes=(("rope", "passkeys"),))
+
+
+def _row(run: str, length: int, **extra: object) -> dict:
+    """A perplexity row of the v3 plan's results file (eval tokens 16384), or a probe row with probe=…"""
+    base = {"run": run, "depth_policy": None, "dataset": "python-stdlib", "split": "test", "length": length,
+            "protocol": "nonoverlapping", "stride": length, "tokens": 16384, "ppl": 100.0, "model": "RoPE"}
+    if "probe" in extra:
+        base.update(split=None, protocol=None, stride=None, tokens=None, by_depth=[])
+    return {**base, **extra}
+
+
+def test_missing_rows_asks_for_each_scaled_row_and_each_probe_row(tmp_path: Path) -> None:
+    """The v3 rope seed-0 run at 64 … 2048: unscaled rows at every length but 2048, whose only row is scaled (YaRN);
+    YaRN at 64 and 2048; passkey at every length, at 256 with 3 trials (not the plan's 10). Missing: unscaled 2048,
+    YaRN 128 … 1024, dynamic NTK everywhere, passkey 256."""
+    plan = dataclasses.replace(study.V3, out=tmp_path)
+    rope = next(m for m in plan.models if m.name == "rope")
+    run = study.rel_path(plan.run_dir("python-stdlib", rope, 0))
+    yarn = '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"yarn"}'
+    dynamic = '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"dynamic"}'
+    rows = [_row(run, L) for L in (64, 128, 256, 512, 1024)] + [_row(run, L, rope_scaling=yarn) for L in (64, 2048)]
+    rows += [_row(run, L, probe="passkey", probe_config={"trials": 3 if L == 256 else 10}, accuracy=1.0)
+             for L in (64, 128, 256, 512, 1024, 2048)]
+    (tmp_path / "python-stdlib").mkdir()
+    (tmp_path / "python-stdlib" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert study.missing_rows(plan, "python-stdlib", rope, 0) == [
+        (2048, None, "nonoverlapping", None, None),
+        *((L, None, "nonoverlapping", yarn, None) for L in (128, 256, 512, 1024)),
+        *((L, None, "nonoverlapping", dynamic, None) for L in (64, 128, 256, 512, 1024, 2048)),
+        (256, None, None, None, "passkey")]
+    assert len(study.missing_rows(plan, "python-stdlib", rope, 1)) == 18  # seed 1: no probe rows asked
+
+
+def test_the_positions_table_reads_scaled_and_probe_rows_by_hand(tmp_path: Path) -> None:
+    """FIRE at ppl 100 (64) and 150 (128) against ALiBi's 80, 80: ratio 1.500, gaps +25.0% and +87.5%; RoPE + YaRN
+    at 90, 99: ratio 1.100; FIRE's passkey 1.00 at 64 and 0.80 at 128: effective length 64."""
+    from regulargpt.experiments.lm_comparison.v3_report import _positions
+
+    plan = dataclasses.replace(study.V3, out=tmp_path, multiples=2)
+    run = str(tmp_path / "runs" / "python-stdlib")
+    yarn = '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"yarn"}'
+    rows = [_row(f"{run}/fire-seed0", 64, ppl=100.0), _row(f"{run}/fire-seed0", 128, ppl=150.0),
+            _row(f"{run}/alibi-seed0", 64, ppl=80.0), _row(f"{run}/alibi-seed0", 128, ppl=80.0),
+            _row(f"{run}/rope-seed0", 64, ppl=90.0, rope_scaling=yarn),
+            _row(f"{run}/rope-seed0", 128, ppl=99.0, rope_scaling=yarn),
+            _row(f"{run}/fire-seed0", 64, probe="passkey", accuracy=1.0),
+            _row(f"{run}/fire-seed0", 128, probe="passkey", accuracy=0.8)]
+    (tmp_path / "python-stdlib").mkdir()
+    (tmp_path / "python-stdlib" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = summarise(rows, "python-stdlib")
+    assert set(table) == {("fire", "adaptive"), ("alibi", "adaptive"), ("rope+yarn", "adaptive")}
+    lines = _positions(plan, table, 64, 128)
+    assert lines[-3:] == ["| fire | adaptive | 1 | 100.00 | 150.00 | 1.500 | +25.0% | +87.5% | 1.00 | 0.80 | 64 |",
+                          "| rope+yarn | adaptive | 1 | 90.00 | 99.00 | 1.100 | +12.5% | +23.8% | — | — | — |",
+                          "| alibi | adaptive | 1 | 80.00 | 80.00 | 1.000 | — | — | — | — | — |"]

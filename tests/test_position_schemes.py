@@ -147,6 +147,16 @@ def test_logits_of_a_prefix_do_not_depend_on_what_follows(position: str):
         torch.testing.assert_close(model(tokens[:, :20]), model(tokens)[:, :20], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("position", ["fire", "xpos", "sandwich"])
+def test_no_parameter_is_0_dim_so_deepspeed_can_broadcast_it(position: str):
+    """DeepSpeed's engine broadcasts every parameter as p.data.view(torch.uint8) at start-up, which a 0-dim float
+    tensor refuses ("self.dim() cannot be 0"): FIRE's c and λ made launch/pretrain.py fail before its first step."""
+    cfg = ModelConfig(architecture="transformer", position=position, vocab_size=11, d_model=16, n_heads=2,
+                      n_layers=2, sandwich_dim=8)
+    for name, p in build_model(cfg).named_parameters():
+        assert p.dim() >= 1 and p.data.view(torch.uint8).numel() == 4 * p.numel(), name
+
+
 @pytest.mark.parametrize("name", ["fire", "sandwich"])
 def test_chunked_attention_with_the_bias_equals_a_dense_softmax_and_fire_never_takes_the_distance_table(name: str):
     """Queries in chunks (memory_mb=1 → several) against softmax(q·k/√d + b + causal mask) written out densely

@@ -2,7 +2,9 @@
 
 A study names its runs ``<out>/runs/<dataset>/<variant>-seed<k>`` (eval/lm_comparison.py); a result row's ``run``
 gives the variant and seed, its ``depth_policy`` the evaluation-time depth policy (None: the model's own, which is
-``adaptive`` for every study variant). For one dataset and protocol this module computes, per (variant, policy):
+``adaptive`` for every study variant); a row scored with an evaluation-time RoPE scaling (``rope_scaling``) belongs to
+the variant ``<variant>+<rope_type>`` (``rope+yarn``). For one dataset and protocol this module computes, per
+(variant, policy):
 
 * ppl at 1× (the training length) and at the longest length, mean ± sample std over seeds;
 * the extrapolation ratio ppl(longest) / ppl(1×), per seed, then mean ± std;
@@ -19,6 +21,7 @@ never with the default budget's, so a 3.6M-token RegularGPT is not scored agains
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -84,6 +87,8 @@ def summarise(rows: Sequence[dict[str, Any]], dataset: str, protocol: str = "non
         if row["dataset"] != dataset or row["protocol"] != protocol or row.get("skipped") or named is None:
             continue
         variant, seed = named
+        if row.get("rope_scaling"):
+            variant += "+" + json.loads(row["rope_scaling"])["rope_type"]
         policy = row.get("depth_policy") or (row.get("variant_config") or {}).get("model.depth_policy") or "adaptive"
         key = (variant, policy)
         out.setdefault(key, Summary(variant, policy, defaultdict(dict))).ppl[row["length"]][seed] = row["ppl"]
@@ -101,7 +106,8 @@ def position_gaps(rows: Sequence[dict[str, Any]], dataset: str, length: int, ref
     for row in latest_rows(rows):
         named = run_name(row["run"])
         if (named is None or row["dataset"] != dataset or row["protocol"] != protocol or row["length"] != length
-                or row.get("depth_policy") or row.get("skipped") or not row.get("per_position")):
+                or row.get("depth_policy") or row.get("rope_scaling") or row.get("skipped")
+                or not row.get("per_position")):
             continue
         nll[named[0]][named[1]] = {(b["start"], b["end"]): b["nll"] for b in row["per_position"]}
     if reference not in nll:

@@ -9,10 +9,10 @@
 //
 // Order. Position p = s + u*D lies on chain s < D at chain index u; its keys are chain indices u, u-1, ..., u-C+1 of
 // the same chain. A tile takes G neighbouring chains [s0, s0 + G) and walks u, visiting the G contiguous positions
-// s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in kTileBytes, fewer chains
-// when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16 widened,
-// sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use hits that
-// ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache sets). One
+// s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in the ring's budget,
+// fewer chains when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16
+// widened, sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use hits
+// that ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache sets). One
 // row holds all H heads, H separate pieces of a (B, H, T, Dh) tensor: when G = D a tile reads whole blocks of
 // positions, so it first stages kStageRows rows head by head (one contiguous run per head, stage()); otherwise the
 // rows kAhead positions on are prefetched. Work units are fixed ranges of the steps of one tile, independent of the
@@ -44,7 +44,9 @@ using sdvec::Acc;
 constexpr int64_t kUnitRows = 256;          // positions per work unit (at least one step)
 constexpr int64_t kStageRows = 32;         // rows read from memory per block, head by head (stage)
 constexpr int64_t kAhead = 4;              // else rows are prefetched about this many positions ahead
-constexpr int64_t kTileBytes = 128 << 10;   // the ring: 4 tensors x C steps x G rows, kept in L2
+// The ring, C steps x G rows: forward k, v within 256 KiB, backward k, v, q, dout within 128 KiB (measured at
+// T = 65536, C = D = 8 and 16: the forward gains from G = D at C = 8, the backward loses from larger rings).
+constexpr int64_t kForwardRing = 256 << 10, kBackwardRing = 128 << 10;
 
 template <typename T>
 struct Rows {  // (B, rows, H, Dh) with stride(-1) == 1; pads (B, H, Dh) use st = 0
@@ -158,7 +160,7 @@ at::Tensor output_like(const at::Tensor& x) {  // empty_like(x): x's layout when
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rel_bias,
                   const c10::optional<at::Tensor>& pad_k, const c10::optional<at::Tensor>& pad_v, int64_t D,
-                  int64_t qs, int64_t step) {
+                  int64_t qs, int64_t step, bool forward) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes(), "q (B, Tq, H, Dh), k, v (B, T, H, Dh) expected");
   TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3), "q, k: B, H, Dh differ");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v dtypes differ");
@@ -177,7 +179,8 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   g.chains = std::min(D, g.T);
   g.chain_max = (g.T + D - 1) / D;
   const int64_t row_bytes = std::max<int64_t>(g.H * g.Dh * (q.scalar_type() == at::kDouble ? 8 : 4), 1);  // ring rows
-  g.G = std::clamp<int64_t>(kTileBytes / (4 * g.C * row_bytes), 1, std::max<int64_t>(g.chains, 1));
+  const int64_t ring_rows = forward ? 2 : 4, ring_bytes = forward ? kForwardRing : kBackwardRing;  // tensors in it
+  g.G = std::clamp<int64_t>(ring_bytes / (ring_rows * g.C * row_bytes), 1, std::max<int64_t>(g.chains, 1));
   g.steps = std::max<int64_t>(kUnitRows / g.G, 1);
   g.stage_steps = std::max<int64_t>(kStageRows / g.G, 1);
   g.ahead = (kAhead + g.G - 1) / g.G;
@@ -216,9 +219,11 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
       const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
       A* pr = probs + (b * g.Tq + i) * HC;
       for (int64_t h = 0; h < g.H; ++h) {
+        for (int64_t j = 0; j < m; ++j) x[j] = rows[j] + h * g.Dh;
+        sdvec::dots<A>(qbuf.data() + h * g.Dh, x.data(), m, g.Dh, e.data() + h * C);
         A mx = minus_inf;
         for (int64_t j = 0; j < C; ++j) {
-          e[h * C + j] = j < m ? sdvec::dot<A>(qbuf.data() + h * g.Dh, rows[j] + h * g.Dh, g.Dh) * scale + r[h * C + j] : minus_inf;
+          e[h * C + j] = j < m ? e[h * C + j] * scale + r[h * C + j] : minus_inf;
           mx = std::max(mx, e[h * C + j]);
         }
         for (int64_t j = 0; j < C; ++j) e[h * C + j] -= mx;
@@ -311,7 +316,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
                                 int64_t query_start, int64_t query_step) {
   q = unit_stride(q), k = unit_stride(k), v = unit_stride(v);
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
-  const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
+  const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step, true);
   const auto acc_type = at::toOpMathType(q.scalar_type());
   at::Tensor out = output({g.B, g.Tq, g.H, g.Dh}, q.options());
   at::Tensor probs = output({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
@@ -332,7 +337,7 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
                                  int64_t dilation, int64_t query_start, int64_t query_step) {
   dout = unit_stride(dout).to(q.scalar_type()), q = unit_stride(q), k = unit_stride(k), v = unit_stride(v);
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
-  const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step);
+  const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step, false);
   const auto acc_type = at::toOpMathType(q.scalar_type());
   TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have q's shape");
   probs = probs.to(acc_type).contiguous();

@@ -3,6 +3,7 @@
 //
 //   load(x, n)              the n <= L elements at x in A (bf16/fp16 widened by at::vec's converters), zeros after
 //   dot(a, x, Dh)           sum_d a[d] x[d]: two lane-wise accumulators, then one fixed reduction tree
+//   dots(a, x, m, Dh, s)    s[j] = dot(a, x[j], Dh) for j < m, the same bits, up to four keys per pass over a
 //   combine(dst, w, x, m)   dst[d] = sum_{j<m} w[j] x[j][d], in j order, 4 vectors of accumulators in registers
 //
 // Every sum runs in an order fixed by Dh alone (not by alignment or threads), so reruns are bit-identical. Full
@@ -91,6 +92,40 @@ inline Acc<T> dot(const Acc<T>* a, const T* x, int64_t n) {
   if (d + L <= n) even = at::vec::fmadd(V::loadu(a + d), load(x + d, L), even), d += L;
   if (d < n) odd = at::vec::fmadd(V::loadu(a + d, n - d), load(x + d, n - d), odd);
   return at::vec::vec_reduce_all([](const V& u, const V& w) { return u + w; }, even + odd);
+}
+
+// s[k] = a . x[k] for k < K: each load of a feeds K keys' FMAs (2K independent accumulator chains hide the FMA
+// latency); per key dot()'s two accumulators, tail and reduction tree, so the same bits as K calls of dot().
+template <int K, typename A>
+[[gnu::always_inline]] inline void dots_of(const A* a, const A* const* x, int64_t n, A* s) {
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  V even[K], odd[K];
+  for (int k = 0; k < K; ++k) even[k] = V(0), odd[k] = V(0);
+  int64_t d = 0;
+  for (; d + 2 * L <= n; d += 2 * L) {
+    const V ae = V::loadu(a + d), ao = V::loadu(a + d + L);
+    for (int k = 0; k < K; ++k)
+      even[k] = at::vec::fmadd(ae, V::loadu(x[k] + d), even[k]),
+      odd[k] = at::vec::fmadd(ao, V::loadu(x[k] + d + L), odd[k]);
+  }
+  if (d + L <= n) {
+    for (int k = 0; k < K; ++k) even[k] = at::vec::fmadd(V::loadu(a + d), V::loadu(x[k] + d), even[k]);
+    d += L;
+  }
+  if (d < n)
+    for (int k = 0; k < K; ++k) odd[k] = at::vec::fmadd(V::loadu(a + d, n - d), V::loadu(x[k] + d, n - d), odd[k]);
+  const auto sum = [](const V& u, const V& w) { return u + w; };
+  for (int k = 0; k < K; ++k) s[k] = at::vec::vec_reduce_all(sum, even[k] + odd[k]);
+}
+
+// s[j] = a . x[j] for j < m (the C scores of a query, or dP): keys four, then two, then one at a time.
+template <typename A>
+[[gnu::always_inline]] inline void dots(const A* a, const A* const* x, int64_t m, int64_t n, A* s) {
+  int64_t j = 0;
+  for (; j + 4 <= m; j += 4) dots_of<4>(a, x + j, n, s + j);
+  if (j + 2 <= m) dots_of<2>(a, x + j, n, s + j), j += 2;
+  if (j < m) dots_of<1>(a, x + j, n, s + j);
 }
 
 template <typename T, typename X>  // X: the rows' type (the input type, or A for rows converted once)

@@ -37,8 +37,9 @@ class FireBias(nn.Module):
     def __init__(self, n_heads: int, width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0) -> None:
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_heads))
-        self.c = nn.Parameter(torch.tensor(float(init_c)))
-        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # λ: L = |λ|·L0
+        # (1,), not 0-dim: DeepSpeed's initial broadcast views every parameter as bytes, which a 0-dim tensor refuses
+        self.c = nn.Parameter(torch.tensor([float(init_c)]))  # (1,)
+        self.threshold_scale = nn.Parameter(torch.tensor([1.0]))  # (1,) λ: L = |λ|·L0
         self.init_threshold = float(init_threshold)
 
     def normalised_distance(self, query_pos: Tensor, key_pos: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from regulargpt.experiments.lm_comparison.plans import (
     V3_BUDGETS,
     VOCAB,
     Plan,
+    RopeScaling,
     Stage,
     Variant,
     rel_path,
@@ -25,6 +26,7 @@ from regulargpt.experiments.lm_comparison.plans import (
 from regulargpt.experiments.lm_comparison.estimate import estimate_table, stage_costs
 from regulargpt.experiments.lm_comparison.report import discussion, write_readme
 from regulargpt.experiments.lm_comparison.stages import (
+    Need,
     children_cpu,
     done,
     evaluate_all,
@@ -36,6 +38,6 @@ from regulargpt.experiments.lm_comparison.stages import (
 )
 
 __all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
-           "V3_BUDGET_MODELS", "VOCAB", "Plan", "Stage", "Variant", "children_cpu", "discussion", "estimate_table",
-           "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data", "rel_path", "stage_costs",
+           "V3_BUDGET_MODELS", "VOCAB", "Need", "Plan", "RopeScaling", "Stage", "Variant", "children_cpu", "discussion",
+           "estimate_table", "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data", "rel_path", "stage_costs",
            "train_all", "train_overrides", "training_records", "write_readme"]

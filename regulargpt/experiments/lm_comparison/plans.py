@@ -1,6 +1,7 @@
 """The CPU-scale language-model studies as data: which (dataset, variant, seed) a study trains, with which overrides,
 and at which lengths it is scored. ``STUDIES`` holds v1 (results/lm_cpu, superseded), v2 (results/lm_cpu_v2),
-v2-t256, v3 (results/lm_cpu_v3, staged: equal compute, training budgets, the windowed baseline) and v4
+v2-t256, v3 (results/lm_cpu_v3, staged: equal compute, training budgets, the windowed baseline, the position
+encodings of 2023 with passkey accuracy) and v4
 (results/lm_cpu_v4: large C at T = 256, the paper's regime); ``DEMO`` is `make demo`'s small version. Paths are relative to the checkout (``ROOT``), whose configs/,
 data_prep/, launch/ and eval/ the stages run."""
 
@@ -10,9 +11,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from regulargpt.config.rope_scaling import check_rope_scaling, rope_scaling_key
+from regulargpt.evaluation.retrieval_probes import PROBES
+
 __all__ = ["DATASETS", "DEMO", "FULL", "MODELS", "ROOT", "STUDIES", "V2", "V2_T256", "V3", "V3_BUDGETS",
-           "V3_BUDGET_MODELS", "V3_EQUAL_COMPUTE", "V3_WINDOWS", "V4", "V4_EQUAL_COMPUTE", "VOCAB", "Plan", "Stage", "Variant", "rel_path",
-           "train_overrides"]
+           "V3_BUDGET_MODELS", "V3_EQUAL_COMPUTE", "V3_POSITIONS", "V3_WINDOWS", "V4", "V4_EQUAL_COMPUTE", "VOCAB",
+           "Plan", "RopeScaling", "Stage", "Variant", "rel_path", "train_overrides"]
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: regulargpt/experiments/lm_comparison/plans.py
 
@@ -22,11 +26,39 @@ VOCAB = 2048
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """An evaluation-time RoPE scaling a variant's weights are also scored with (eval/extrapolate.py --rope-scaling;
+    the Hugging Face ``rope_scaling`` object, :mod:`regulargpt.config.rope_scaling`), checked on construction: a bad
+    rope_type, a factor < 1 or a missing training length is a RopeScalingError (a ValueError) naming the key. Its
+    rows are keyed by :attr:`key` and reported as ``<variant>+<rope_type>``. Example: RopeScaling("yarn", 32, 64)
+    (2048 = 32 × the training length 64) keys its rows
+    '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"yarn"}'."""
+
+    rope_type: str
+    factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        check_rope_scaling(self.as_dict(), f"rope scaling {self.rope_type!r}")
+
+    def as_dict(self) -> dict[str, str | float | int]:
+        return {"rope_type": self.rope_type, "factor": self.factor,
+                "original_max_position_embeddings": self.original_max_position_embeddings}
+
+    @property
+    def key(self) -> str:
+        """The canonical JSON of the checked scaling: the ``rope_scaling`` field of its result rows."""
+        return str(rope_scaling_key(check_rope_scaling(self.as_dict())))
+
+
+@dataclass(frozen=True)
 class Variant:
     """One trained row of a study: configs/tiny/<config>.json with `sets` overrides, run as OUT/runs/<dataset>/
     <name>-seed<k>. `depth_policies`: extra evaluation-time depth policies its weights are also scored with;
     `datasets`: where it is trained (empty = every dataset of the plan); `seeds`: which of the plan's seeds it is
-    trained with (empty = all of them), e.g. an ablation row with seeds=(0,) beside 3-seed headline rows."""
+    trained with (empty = all of them), e.g. an ablation row with seeds=(0,) beside 3-seed headline rows;
+    `rope_scalings`: evaluation-time RoPE scalings its weights are also scored with (a RoPE config only; one per
+    rope_type, since the report names each row <name>+<rope_type>)."""
 
     name: str
     config: str
@@ -38,6 +70,16 @@ class Variant:
     # What the row is matched to RegularGPT on: "parameters" (checked: within ±10%) or "layer_applications" (the
     # 12-layer baselines: RegularGPT's K·L_train = 12 layer applications per token, ~2.2× its parameters)
     matched: str = "parameters"
+    rope_scalings: tuple[RopeScaling, ...] = ()
+
+    def __post_init__(self) -> None:
+        wrong = [s for s in self.rope_scalings if not isinstance(s, RopeScaling)]
+        if wrong:
+            raise TypeError(f"variant {self.name}: rope_scalings takes RopeScaling objects, not {wrong[0]!r}")
+        types = [s.rope_type for s in self.rope_scalings]
+        if len(types) != len(set(types)):
+            raise ValueError(f"variant {self.name}: rope_scalings {types} repeat a rope_type (its rows are reported "
+                             f"as {self.name}+<rope_type>)")
 
 
 @dataclass(frozen=True)
@@ -75,6 +117,11 @@ class Plan:
     # (variant, depth policy or "") whose seed-0 run gets eval/receptive_field.py at receptive_field_length
     receptive_fields: tuple[tuple[str, str], ...] = ()
     receptive_field_length: int = 1024
+    # (variant, probe) whose seed-0 run on the first dataset gets eval/extrapolate.py --probe at the plan's lengths,
+    # probe_trials random trials at each of the probe's 5 default depths (rows of the same results.jsonl); a
+    # variant the plan does not train is not probed (as receptive_fields)
+    probes: tuple[tuple[str, str], ...] = ()
+    probe_trials: int = 10
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
@@ -82,6 +129,10 @@ class Plan:
         unknown = sorted({v for v, _ in staged} - set(names))
         if unknown or len(staged) != len(set(staged)):
             raise ValueError(f"plan {self.out}: stages name unknown variants {unknown} or a (variant, seed) twice")
+        bad = [p for _, p in self.probes if p not in PROBES]
+        if bad or self.probe_trials < 1:
+            raise ValueError(f"plan {self.out}: probes {bad} are not probes (accepted: {', '.join(PROBES)}), or "
+                             f"probe_trials {self.probe_trials} < 1")
 
     @property
     def lengths(self) -> list[int]:
@@ -186,6 +237,10 @@ _V3_BUDGET_ROWS = (
     Variant("alibi", "alibi"),
 )
 V3_BUDGET_MODELS = tuple(m.name for m in _V3_BUDGET_ROWS)
+# Issue 51 item 5: the position encodings of 2023 at one seed, 4 layers (matched on parameters), unwindowed; RoPE is
+# also scored with YaRN and dynamic NTK at factor 32 = 2048 / 64, the longest length over the training length
+V3_POSITIONS = ("fire", "xpos", "sandwich", "rope")
+_TO_2048 = (RopeScaling("yarn", 32, 64), RopeScaling("dynamic", 32, 64))
 V3 = Plan(
     out=ROOT / "results" / "lm_cpu_v3", datasets=("python-stdlib",),
     models=(
@@ -199,6 +254,7 @@ V3 = Plan(
         Variant("rope_w64_l12", "rope", _WINDOW + _L12, matched="layer_applications"),
         *(dataclasses.replace(m, name=m.name + V3_BUDGETS[steps], steps=steps)
           for steps in (400, 3600) for m in _V3_BUDGET_ROWS),
+        *(Variant(n, n, rope_scalings=_TO_2048 if n == "rope" else ()) for n in V3_POSITIONS),
     ),
     seeds={"python-stdlib": (0, 1, 2)},
     steps=1200, batch_size=16, multiples=32, eval_tokens=16384,
@@ -220,10 +276,13 @@ V3 = Plan(
                ("regular_gpt_s3600", (1,)), ("rg_c8_s3600", (1,)), ("alibi_s3600", (1,)))),
         Stage("third-seeds", "3 seeds for ALiBi-12 (and the ALiBi and RegularGPT rows it is paired with)",
               (("alibi_l12", (2,)), ("alibi", (2,)), ("regular_gpt", (2,)))),
+        Stage("positions-2023", "FIRE, xPos, Sandwich and RoPE (+ YaRN, dynamic NTK at evaluation) with passkey "
+              "accuracy (1 seed)", tuple((n, (0,)) for n in V3_POSITIONS)),
     ),
     then=("v2-t256",),
     receptive_fields=(("regular_gpt", "train"), ("rg_c8", "train"), ("alibi", ""), ("nope_w64", ""),
                       ("rope_w64", "")),
+    probes=tuple((n, "passkey") for n in V3_POSITIONS),  # the old runs' folders are gone: only the new rows
 )
 V3_EQUAL_COMPUTE = {"alibi": "alibi_l12", "kerple_log": "kerple_log_l12"}  # 4-layer row → its 12-layer row
 V3_WINDOWS = ("nope_w64", "rope_w64", "nope_w64_l12", "rope_w64_l12")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from tqdm.auto import tqdm
 
@@ -27,7 +27,7 @@ from regulargpt.files import atomic_write_text
 from regulargpt.model import build_model
 from regulargpt.provenance import git_commit, utc_date
 
-__all__ = ["children_cpu", "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data",
+__all__ = ["Need", "children_cpu", "done", "evaluate_all", "missing_rows", "parameter_counts", "prepare_data",
            "receptive_field_dir", "receptive_fields", "train_all", "training_records"]
 
 
@@ -68,25 +68,46 @@ def parameter_counts(plan: Plan) -> dict[str, int]:
     return counts
 
 
-def missing_rows(plan: Plan, dataset: str, variant: Variant, seed: int) -> list[tuple[int, str | None, str]]:
-    """(length, depth policy, protocol) of every row :func:`evaluate_all` writes for this run that
-    OUT/<dataset>/results.jsonl lacks (rows keyed by the run's path and the plan's token count), plus
-    ``(0, policy, "receptive_field")`` for a missing seed-0 receptive field of the plan's. Example: a v3
-    ``regular_gpt`` seed-1 run needs lengths 64 … 2048 under its own depth and again under ``train``: 12 rows."""
+class Need(NamedTuple):
+    """One result a run still lacks (:func:`missing_rows`): a perplexity row (protocol "nonoverlapping" or
+    "sliding"; `rope_scaling` the canonical JSON of an evaluation-time RoPE scaling, None for none), a probe row
+    (`probe` "passkey" or "copy", protocol None, as the probe rows record) or a receptive field (length 0,
+    protocol "receptive_field")."""
+
+    length: int
+    policy: str | None
+    protocol: str | None
+    rope_scaling: str | None = None
+    probe: str | None = None
+
+
+def missing_rows(plan: Plan, dataset: str, variant: Variant, seed: int) -> list[Need]:
+    """Every row :func:`evaluate_all` writes for this run that OUT/<dataset>/results.jsonl lacks (perplexity rows
+    keyed by the run's path and the plan's token count, probe rows by the plan's probe_trials), plus
+    ``Need(0, policy, "receptive_field")`` for a missing seed-0 receptive field of the plan's. Examples: a v3
+    ``regular_gpt`` seed-1 run needs lengths 64 … 2048 under its own depth and again under ``train``: 12 rows; the
+    v3 ``rope`` seed-0 run needs the 6 lengths unscaled, with YaRN and with dynamic NTK, and 6 passkey rows: 24."""
     run = rel_path(plan.run_dir(dataset, variant, seed))
-    need = [(L, None, "nonoverlapping") for L in plan.lengths]
-    need += [(L, p, "nonoverlapping") for p in ("train", "per_position") if p in variant.depth_policies
+    need = [Need(L, None, "nonoverlapping") for L in plan.lengths]
+    need += [Need(L, p, "nonoverlapping") for p in ("train", "per_position") if p in variant.depth_policies
              for L in plan.lengths]
+    need += [Need(L, None, "nonoverlapping", s.key) for s in variant.rope_scalings for L in plan.lengths]
     if variant.name in plan.sliding_check and seed == 0:
-        need += [(L, None, "sliding") for L in plan.sliding_lengths]
+        need += [Need(L, None, "sliding") for L in plan.sliding_lengths]
+    first = seed == 0 and dataset == plan.datasets[0]
+    if first:
+        need += [Need(L, None, None, None, probe) for name, probe in plan.probes if name == variant.name
+                 for L in plan.lengths]
     path = plan.out / dataset / "results.jsonl"
-    have = {(r["length"], r["depth_policy"], r["protocol"]) for r in (load_rows(path) if path.is_file() else [])
-            if r["run"] == run and r["tokens"] == plan.eval_tokens}
+    have = {Need(r["length"], r["depth_policy"], r["protocol"], r.get("rope_scaling"), r.get("probe"))
+            for r in (load_rows(path) if path.is_file() else []) if r["run"] == run
+            and (r["tokens"] == plan.eval_tokens if not r.get("probe")
+                 else r["probe_config"]["trials"] == plan.probe_trials)}
     missing = [key for key in need if key not in have]
-    if seed == 0 and dataset == plan.datasets[0]:
-        missing += [(0, policy or None, "receptive_field") for name, policy in plan.receptive_fields
+    if first:
+        missing += [Need(0, policy or None, "receptive_field") for name, policy in plan.receptive_fields
                     if name == variant.name and not (receptive_field_dir(plan, name, policy)
-                                                    / "receptive_field.json").is_file()]
+                                                     / "receptive_field.json").is_file()]
     return missing
 
 
@@ -221,7 +242,8 @@ def _finished(plan: Plan, dataset: str, names: tuple[str, ...] | None = None,
 
 def evaluate_all(plan: Plan, memory_gb: float) -> None:
     """Every finished run at every length (its own depth policy), RegularGPT runs again with each extra depth policy
-    of their variant, and the sliding-protocol check; extrapolate.py skips rows already in the results file."""
+    of their variant, RoPE runs again with each evaluation-time scaling of theirs, the sliding-protocol check, and
+    the plan's probes on seed 0 of the first dataset; extrapolate.py skips rows already in the results file."""
     for dataset in plan.datasets:
         base = [sys.executable, "eval/extrapolate.py", "--data", rel_path(plan.data_root / dataset), "--split", "test",
                 "--tokens", str(plan.eval_tokens), "--out", rel_path(plan.out / dataset), "--memory-gb", str(memory_gb),
@@ -229,6 +251,13 @@ def evaluate_all(plan: Plan, memory_gb: float) -> None:
         lengths = ["--lengths", ",".join(map(str, plan.lengths))]
         jobs = [(_finished(plan, dataset), lengths)]
         jobs += [(_finished(plan, dataset, policy=p), [*lengths, "--depth-policy", p]) for p in ("train", "per_position")]
+        scalings = {s.key: s for m in plan.models for s in m.rope_scalings}
+        jobs += [(_finished(plan, dataset, tuple(m.name for m in plan.models if s in m.rope_scalings)),
+                  [*lengths, "--rope-scaling", key]) for key, s in scalings.items()]
+        if dataset == plan.datasets[0]:
+            jobs += [(_finished(plan, dataset, tuple(v for v, p in plan.probes if p == probe), seeds=(0,)),
+                      [*lengths, "--probe", probe, "--probe-trials", str(plan.probe_trials)])
+                     for probe in dict.fromkeys(p for _, p in plan.probes)]
         if plan.sliding_check:
             jobs.append((_finished(plan, dataset, plan.sliding_check, seeds=(0,)),
                          ["--lengths", ",".join(map(str, plan.sliding_lengths)), "--protocol", "sliding",

@@ -1,7 +1,7 @@
-"""The v3 study's own README sections (issues 25 and 28), computed from its result rows: the stages and how far
+"""The v3 study's own README sections (issues 25, 28 and 51), computed from its result rows: the stages and how far
 they got, the gap to ALiBi at equal parameters and at equal compute, the gap as training grows (table, fit, plots),
-RegularGPT under ``depth_policy=train`` against the 64-token windows, and the receptive fields. The rest of the
-README is v2's (:mod:`.report`)."""
+RegularGPT under ``depth_policy=train`` against the 64-token windows, the receptive fields, and the position
+encodings of 2023 with their passkey accuracy. The rest of the README is v2's (:mod:`.report`)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-from regulargpt.evaluation.lm_findings import Summary, summarise
-from regulargpt.evaluation.lm_report import load_rows
+from regulargpt.evaluation.lm_findings import Summary, run_name, summarise
+from regulargpt.evaluation.lm_report import latest_rows, load_rows
 from regulargpt.evaluation.lm_trends import budget_markdown, gap_table, plot_gap_vs_tokens, plot_ppl_by_budget
+from regulargpt.evaluation.retrieval_probes import DISTRACTORS, effective_length
 from regulargpt.experiments.lm_comparison.estimate import estimate_table
 from regulargpt.experiments.lm_comparison.plans import (
     STUDIES,
     V3_BUDGET_MODELS,
     V3_EQUAL_COMPUTE,
+    V3_POSITIONS,
     V3_WINDOWS,
     Plan,
     rel_path,
 )
 from regulargpt.experiments.lm_comparison.stages import receptive_field_dir
 
-__all__ = ["Gap", "budget_suffixes", "stages_and_rows", "v3_sections"]
+__all__ = ["Gap", "budget_suffixes", "passkey_by_length", "stages_and_rows", "v3_sections"]
 
 _RG = ("regular_gpt", "rg_c8")
 
@@ -166,6 +168,60 @@ def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest:
     return lines
 
 
+def passkey_by_length(plan: Plan, probe: str = "passkey") -> dict[str, dict[int, float]]:
+    """Variant → length → probe accuracy (mean over depths, then over the seeds probed) from the latest probe rows of
+    the plan's first dataset; {} without a results file."""
+    path = plan.out / plan.datasets[0] / "results.jsonl"
+    acc: dict[str, dict[int, list[float]]] = {}
+    for row in latest_rows(load_rows(path)) if path.is_file() else []:
+        named = run_name(row["run"])
+        if row.get("probe") == probe and named and row["dataset"] == plan.datasets[0]:
+            acc.setdefault(named[0], {}).setdefault(row["length"], []).append(row["accuracy"])
+    return {v: {L: float(np.mean(a)) for L, a in sorted(by.items())} for v, by in acc.items()}
+
+
+def _positions(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest: int,
+               threshold: float = 0.9) -> list[str]:
+    """The position encodings of 2023 beside ALiBi, RegularGPT and the RoPE window: ppl at 1× and at the longest
+    length, their ratio, the paired gaps to ALiBi, and passkey accuracy by length with the effective length."""
+    by_name = {m.name: m for m in plan.models}
+    rows = [(n, "adaptive") for n in V3_POSITIONS if n in by_name]
+    rows += [(f"{n}+{s.rope_type}", "adaptive") for n in V3_POSITIONS if n in by_name for s in by_name[n].rope_scalings]
+    rows += [("alibi", "adaptive"), ("regular_gpt", "adaptive"), ("regular_gpt", "train"), ("rope_w64", "adaptive")]
+    rows = [r for r in rows if r in table]
+    if not any(n.split("+")[0] in V3_POSITIONS for n, _ in rows):
+        return []
+    passkey = passkey_by_length(plan)
+    lengths = sorted({L for acc in passkey.values() for L in acc})
+    scalings = "; ".join(f"**{n}+{s.rope_type}** = {n}'s weights scored with `--rope-scaling '{s.key}'`"
+                         for n in V3_POSITIONS if n in by_name for s in by_name[n].rope_scalings)
+    lines = ["### The position encodings of 2023 (`positions-2023`)", "",
+             f"FIRE, xPos, Sandwich and plain (unwindowed) RoPE, {plan.steps_of(by_name[rows[0][0]])} steps as "
+             f"every 1.2M-token row, 4 layers (matched on parameters), seed 0; {scalings} (no training at the longer "
+             "length). ALiBi, RegularGPT and the RoPE window for reference, mean over their seeds; gaps to ALiBi are "
+             f"paired by seed (> 0 = worse). Passkey: `eval/extrapolate.py --probe passkey` ({plan.probe_trials} "
+             f"trials at each of 5 depths per length): the true 5-digit key ranked by log-likelihood against "
+             f"{DISTRACTORS} random keys (chance {1 / (1 + DISTRACTORS):.2f}); effective length = the longest length "
+             f"with accuracy ≥ {threshold:g} there and at every shorter one; — = not probed (the reference runs' "
+             "folders are gone).", "",
+             f"| row | depth policy | seeds | ppl {t} | ppl {longest} | {longest // t}× / 1× | vs alibi at 1× | "
+             f"vs alibi at {longest // t}× | " + "".join(f"passkey {L} | " for L in lengths) + "effective length |",
+             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(lengths) + 1)]
+    for name, policy in rows:
+        summary = table[(name, policy)]
+        ppl = [f"{float(np.mean(summary.at(L))):.2f}" if summary.at(L) else "—" for L in (t, longest)]
+        ratio = summary.ratio(t, longest)
+        gaps = [_mean_gap(table, (name, policy), ("alibi", "adaptive"), L) for L in (t, longest)]
+        gap = ["—" if name == "alibi" or g is None else f"{g.mean:+.1f}%" for g in gaps]
+        acc = passkey.get(name, {}) if "+" not in name else {}
+        eff = effective_length(acc, threshold) if acc else None
+        lines.append(f"| {name} | {policy} | {len(summary.at(t))} | {' | '.join(ppl)} | "
+                     + (f"{float(np.mean(ratio)):.3f}" if ratio else "—") + f" | {' | '.join(gap)} | "
+                     + "".join(f"{acc[L]:.2f} | " if L in acc else "— | " for L in lengths)
+                     + ("—" if not acc else str(eff) if eff is not None else f"< {min(acc)}") + " |")
+    return lines
+
+
 def stages_and_rows(plan: Plan, study: str, plans: list[Plan]) -> tuple[list[str], dict[tuple[str, str], Summary] | None]:
     """A staged study's "## Stages" section (the estimate table of `plans`) and its "## What <study> asks" heading,
     with the summarised rows of the plan's first dataset; None (and "not evaluated yet") before any row."""
@@ -188,6 +244,8 @@ def v3_sections(plan: Plan) -> list[str]:
     t, longest = plan.train_length, plan.lengths[-1]
     lines += [*_equal_compute(table, t, longest), "", *_budgets(plan, table, t, longest), "",
               *_windows(plan, table, t, longest), ""]
+    positions = _positions(plan, table, t, longest)
+    lines += [*positions, ""] if positions else []
     for name in plan.then:
         other = STUDIES[name]
         lines += [f"### Longer training length (`--study {name}`)", "",
