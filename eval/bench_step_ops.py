@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--graph-breaks", action="store_true", help="also torch._dynamo.explain the forward + loss")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -86,6 +87,15 @@ def main() -> None:
              "(CPU: fused C++ operator, the same one-op-per-call structure as CUDA's Triton kernel)", "",
              "| count | measured | target | met |", "|---|---|---|---|"]
     lines += [f"| {k} | {v} | ≤ {TARGETS[k]} | {'met' if v <= TARGETS[k] else 'not met'} |" for k, v in measured.items()]
+    if args.graph_breaks:
+        from torch import _dynamo
+
+        def forward_loss(t: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(model(t[:, :-1]).float().flatten(0, 1), t[:, 1:].flatten())
+        explained = _dynamo.explain(forward_loss)(tokens)
+        reasons = "; ".join(str(r.reason) for r in explained.break_reasons) or "none"
+        lines += [f"| graph breaks (forward + loss, torch._dynamo.explain) | {explained.graph_break_count} | 0 | "
+                  f"{'met' if explained.graph_break_count == 0 else 'not met'}: {reasons} |"]
     lines += [f"| aten.copy_ | {counts['aten.copy_']} | - | - |", "", "| op | calls |", "|---|---|"]
     lines += [f"| {op} | {n} |" for op, n in counts.most_common(20)]
     text = "\n".join(lines) + "\n"
