@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.train.lm_loss import lm_loss  # noqa: E402
 
 TARGETS = {"aten.cat": 16, "aten.clone": 1, "aten.slice_backward": 0, "total": 1800}
 
@@ -46,11 +46,15 @@ def count_ops(fn: Callable[[], Any]) -> collections.Counter[str]:
     return counter.counts
 
 
+def forward_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The trainer's loss (regulargpt.train.lm_loss) of `tokens` (B, T + 1)."""
+    return lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+
+
 def training_step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> Callable[[], None]:
-    """One step as bench_train's worker: forward, cross-entropy, zero_grad, backward, optimizer step."""
+    """One step as the trainer takes it: forward, its loss, zero_grad, backward, optimizer step."""
     def step() -> None:
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss = forward_loss(model, tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -90,9 +94,7 @@ def main() -> None:
     if args.graph_breaks:
         from torch import _dynamo
 
-        def forward_loss(t: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(model(t[:, :-1]).float().flatten(0, 1), t[:, 1:].flatten())
-        explained = _dynamo.explain(forward_loss)(tokens)
+        explained = _dynamo.explain(lambda t: forward_loss(model, t))(tokens)
         reasons = "; ".join(str(r.reason) for r in explained.break_reasons) or "none"
         lines += [f"| graph breaks (forward + loss, torch._dynamo.explain) | {explained.graph_break_count} | 0 | "
                   f"{'met' if explained.graph_break_count == 0 else 'not met'}: {reasons} |"]
