@@ -250,29 +250,35 @@ def _row(run: str, length: int, **extra: object) -> dict:
 
 def test_missing_rows_asks_for_each_scaled_row_and_each_probe_row(tmp_path: Path) -> None:
     """The v3 rope seed-0 run at 64 … 2048: unscaled rows at every length but 2048, whose only row is scaled (YaRN);
-    YaRN at 64 and 2048; passkey at every length, at 256 with 3 trials (not the plan's 10). Missing: unscaled 2048,
-    YaRN 128 … 1024, dynamic NTK everywhere, passkey 256."""
+    YaRN at 64 and 2048; passkey at every length, at 256 with 3 trials (not the plan's 20), and under YaRN at 64.
+    Missing: unscaled 2048, YaRN 128 … 1024, dynamic NTK everywhere, passkey 256, passkey under YaRN 128 … 2048 and
+    under dynamic NTK everywhere."""
     plan = dataclasses.replace(study.V3, out=tmp_path)
     rope = next(m for m in plan.models if m.name == "rope")
     run = study.rel_path(plan.run_dir("python-stdlib", rope, 0))
     yarn = '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"yarn"}'
     dynamic = '{"factor":32.0,"original_max_position_embeddings":64,"rope_type":"dynamic"}'
     rows = [_row(run, L) for L in (64, 128, 256, 512, 1024)] + [_row(run, L, rope_scaling=yarn) for L in (64, 2048)]
-    rows += [_row(run, L, probe="passkey", probe_config={"trials": 3 if L == 256 else 10}, accuracy=1.0)
+    assert plan.probe_trials == 20
+    rows += [_row(run, L, probe="passkey", probe_config={"trials": 3 if L == 256 else 20}, accuracy=1.0)
              for L in (64, 128, 256, 512, 1024, 2048)]
+    rows.append(_row(run, 64, probe="passkey", probe_config={"trials": 20}, accuracy=1.0, rope_scaling=yarn))
     (tmp_path / "python-stdlib").mkdir()
     (tmp_path / "python-stdlib" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert study.missing_rows(plan, "python-stdlib", rope, 0) == [
         (2048, None, "nonoverlapping", None, None),
         *((L, None, "nonoverlapping", yarn, None) for L in (128, 256, 512, 1024)),
         *((L, None, "nonoverlapping", dynamic, None) for L in (64, 128, 256, 512, 1024, 2048)),
-        (256, None, None, None, "passkey")]
+        (256, None, None, None, "passkey"),
+        *((L, None, None, yarn, "passkey") for L in (128, 256, 512, 1024, 2048)),
+        *((L, None, None, dynamic, "passkey") for L in (64, 128, 256, 512, 1024, 2048))]
     assert len(study.missing_rows(plan, "python-stdlib", rope, 1)) == 18  # seed 1: no probe rows asked
 
 
 def test_the_positions_table_reads_scaled_and_probe_rows_by_hand(tmp_path: Path) -> None:
     """FIRE at ppl 100 (64) and 150 (128) against ALiBi's 80, 80: ratio 1.500, gaps +25.0% and +87.5%; RoPE + YaRN
-    at 90, 99: ratio 1.100; FIRE's passkey 1.00 at 64 and 0.80 at 128: effective length 64."""
+    at 90, 99: ratio 1.100; FIRE's passkey 1.00 at 64 and 0.80 at 128: effective length 64; RoPE + YaRN's passkey
+    0.30 at 64 (its own row, not the unscaled RoPE's): effective length < 64."""
     from regulargpt.experiments.lm_comparison.v3_report import _positions
 
     plan = dataclasses.replace(study.V3, out=tmp_path, multiples=2)
@@ -283,12 +289,13 @@ def test_the_positions_table_reads_scaled_and_probe_rows_by_hand(tmp_path: Path)
             _row(f"{run}/rope-seed0", 64, ppl=90.0, rope_scaling=yarn),
             _row(f"{run}/rope-seed0", 128, ppl=99.0, rope_scaling=yarn),
             _row(f"{run}/fire-seed0", 64, probe="passkey", accuracy=1.0),
-            _row(f"{run}/fire-seed0", 128, probe="passkey", accuracy=0.8)]
+            _row(f"{run}/fire-seed0", 128, probe="passkey", accuracy=0.8),
+            _row(f"{run}/rope-seed0", 64, probe="passkey", accuracy=0.3, rope_scaling=yarn)]
     (tmp_path / "python-stdlib").mkdir()
     (tmp_path / "python-stdlib" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = summarise(rows, "python-stdlib")
     assert set(table) == {("fire", "adaptive"), ("alibi", "adaptive"), ("rope+yarn", "adaptive")}
     lines = _positions(plan, table, 64, 128)
     assert lines[-3:] == ["| fire | adaptive | 1 | 100.00 | 150.00 | 1.500 | +25.0% | +87.5% | 1.00 | 0.80 | 64 |",
-                          "| rope+yarn | adaptive | 1 | 90.00 | 99.00 | 1.100 | +12.5% | +23.8% | — | — | — |",
+                          "| rope+yarn | adaptive | 1 | 90.00 | 99.00 | 1.100 | +12.5% | +23.8% | 0.30 | — | < 64 |",
                           "| alibi | adaptive | 1 | 80.00 | 80.00 | 1.000 | — | — | — | — | — |"]

@@ -154,3 +154,42 @@ def test_bad_probe_input_fails_before_any_work(data_dir: Path, tmp_path: Path,
     assert "--probe needle: unknown probe; accepted: passkey, copy" in capsys.readouterr().err and not out.exists()
     assert main(["--runs", learned, "--lengths", "16", "--probe", "copy", *base]) == 2
     assert "--probe copy: length 16 is too short" in capsys.readouterr().err and not out.exists()
+
+
+def test_probes_under_a_rope_scaling_are_keyed_apart_and_score_the_scaled_model(data_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from regulargpt.config import load_config
+    from regulargpt.config.rope_scaling import check_rope_scaling
+
+    main = load_script("eval/extrapolate.py").main
+    run, out = _run(tmp_path / "rope", data_dir, position="rope"), tmp_path / "out"
+    yarn = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64}
+    args = ["--runs", run, "--data", str(data_dir), "--lengths", "96", "--tokens", "512", "--out", str(out),
+            "--device", "cpu", "--no-progress", "--probe", "passkey", "--probe-trials", "3"]
+    assert main(args) == 0
+    assert main(args + ["--rope-scaling", json.dumps(yarn)]) == 0
+    probes = [r for r in load_rows(out / "results.jsonl") if r.get("probe")]
+    assert [r["rope_scaling"] is None for r in probes] == [True, False]  # the scaled row replaced nothing
+    scaled = probes[1]
+    assert json.loads(scaled["rope_scaling"]) == check_rope_scaling(yarn)
+    assert scaled["variant"] != probes[0]["variant"] and "rope=yarn×4 from 64" in (out / "table.md").read_text()
+    # independent truth: the same weights in a model built from a config that carries the scaling itself
+    cfg = load_config(Path(run) / "config.resolved.json")
+    model = build_model(dataclasses.replace(cfg.model, rope_scaling=check_rope_scaling(yarn)))
+    model.load_state_dict(torch.load(Path(run) / "model.pt", weights_only=False)["state_dict"])
+    expected = probe_accuracy(model.eval(), "passkey", _tok(data_dir), 96, DEPTHS, 3, 0, "cpu")
+    assert [d["accuracy"] for d in scaled["by_depth"]] == pytest.approx([d["accuracy"] for d in expected])
+    assert main(args + ["--rope-scaling", json.dumps(yarn)]) == 0  # resumes: both rows done
+    assert len([r for r in load_rows(out / "results.jsonl") if r.get("probe")]) == 2
+
+
+def test_a_rope_scaling_on_a_probe_of_a_model_without_rope_is_an_error(data_dir: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    main = load_script("eval/extrapolate.py").main
+    run, out = _run(tmp_path / "alibi", data_dir), tmp_path / "out"
+    assert main(["--runs", run, "--data", str(data_dir), "--lengths", "96", "--out", str(out), "--device", "cpu",
+                 "--no-progress", "--probe", "passkey", "--rope-scaling", '{"rope_type": "linear", "factor": 2}']) == 2
+    assert "--rope-scaling" in capsys.readouterr().err and not (out / "results.jsonl").exists()

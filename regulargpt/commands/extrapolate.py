@@ -135,13 +135,14 @@ def main(argv: list[str] | None = None) -> int:
             overrides = {"lengths": args.lengths, "protocol": args.protocol, "stride": args.stride,
                          "tokens": args.tokens, "memory_gb": args.memory_gb}
             probes = parse_probes(args.probe)
-            plan = plan_probes(args.runs, args.data, args.split, overrides, probes, args.depth_policy) if probes else []
+            plan = plan_probes(args.runs, args.data, args.split, overrides, probes, args.depth_policy,
+                               args.rope_scaling) if probes else []
             sweep_runs(args.runs, args.data, args.split, args.out, overrides, batch_size=args.batch_size,
                        device=_device(args.device), progress=not args.no_progress, depth_policy=args.depth_policy,
                        verify=args.verify_data, rope_scaling=args.rope_scaling)
             if plan and rank == 0:
                 run_probes(plan, probes, args.split, args.out, args.probe_depths, args.probe_trials, args.probe_seed,
-                           _device(args.device), args.depth_policy)
+                           _device(args.device), args.depth_policy, args.rope_scaling)
         except (EvalError, CheckpointError, WriteError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -3,7 +3,8 @@ as rows of the same ``results.jsonl`` (their tables and heat maps: :mod:`regular
 
 A probe row has the perplexity row's identity fields and ``probe`` ("passkey" or "copy"), which is the last field
 of its key (:data:`regulargpt.evaluation.result_rows.ROW_KEY`: perplexity rows have ``probe`` null, so the two never
-replace each other), ``probe_config`` (depths, trials, seed, distractors or span), ``by_depth`` [{depth, accuracy,
+replace each other; a RoPE scaling at evaluation, ``--rope-scaling``, keys the row by its canonical JSON in
+``rope_scaling`` as it keys perplexity rows), ``probe_config`` (depths, trials, seed, distractors or span), ``by_depth`` [{depth, accuracy,
 distance}] and ``accuracy`` (their mean). A row counts as done for the same weights, tokenizer and probe_config.
 
 Effective context length (RULER's): the longest probed length at which the accuracy (mean over depths and seeds)
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from regulargpt.config.rope_scaling import describe_rope_scaling, rope_scaling_key
 from regulargpt.data import Tokenizer
 from regulargpt.evaluation.length_sweep import eval_settings
 from regulargpt.evaluation.perplexity import EvalError
@@ -44,12 +46,14 @@ def parse_probes(values: Sequence[str] | None) -> list[str]:
 
 
 def plan_probes(runs: Sequence[str | Path], data_dir: str | Path | None, split: str, overrides: dict[str, Any],
-                probes: Sequence[str], depth_policy: str | None = None) -> Plan:
+                probes: Sequence[str], depth_policy: str | None = None,
+                rope_scaling: dict[str, Any] | None = None) -> Plan:
     """Every (run, data folder, lengths) the probes will score, checked before any work: EvalError for a length a
-    learned-position model cannot read (> max_positions) or one a probe does not fit in."""
+    learned-position model cannot read (> max_positions), one a probe does not fit in, or a `rope_scaling` on a
+    run without RoPE."""
     plan: Plan = []
     for run in runs:
-        info = load_run(run, depth_policy=depth_policy)
+        info = load_run(run, depth_policy=depth_policy, rope_scaling=rope_scaling)
         lengths = eval_settings(info.cfg.eval, overrides).lengths
         model = info.cfg.model
         if model.position == "learned" and max(lengths) > model.max_positions:
@@ -76,7 +80,8 @@ def _probe_config(probe: str, depths: Sequence[float], trials: int, seed: int) -
 
 def _row(info: RunInfo, dataset: str, length: int, probe: str, config: dict[str, Any], tokenizer_sha: str,
          by_depth: list[dict[str, float]], seconds: float) -> dict[str, Any]:
-    return {"run": info.run, "depth_policy": info.depth_override, "model": info.label, "seed": info.seed,
+    return {"run": info.run, "depth_policy": info.depth_override,
+            "rope_scaling": rope_scaling_key(info.cfg.model.rope_scaling), "model": info.label, "seed": info.seed,
             "step": info.step, "weights_sha256": info.weights_sha256, "variant": variant_id(info.variant),
             "variant_config": info.variant, "dataset": dataset, "split": None, "length": length, "protocol": None,
             "stride": None, "tokens": None, "train_length": info.cfg.data.seq_len, "params": info.params,
@@ -86,21 +91,23 @@ def _row(info: RunInfo, dataset: str, length: int, probe: str, config: dict[str,
 
 def run_probes(plan: Plan, probes: Sequence[str], split: str, out_dir: str | Path, depths: Sequence[float] = DEFAULT_DEPTHS,
                trials: int = 10, seed: int = 0, device: torch.device | str = "cpu",
-               depth_policy: str | None = None) -> list[dict[str, Any]]:
-    """Score every (run, folder, length, probe) of `plan` not yet in ``out_dir/results.jsonl`` → the new rows."""
+               depth_policy: str | None = None, rope_scaling: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Score every (run, folder, length, probe) of `plan` not yet in ``out_dir/results.jsonl`` → the new rows; with
+    `rope_scaling` every run's RoPE is rescaled (as :func:`regulargpt.evaluation.length_sweep.sweep_runs` does)."""
     results = ResultsFile(Path(out_dir) / "results.jsonl")
-    done = {(r["run"], r.get("depth_policy"), r["dataset"], r["length"], r["probe"]): r
+    done = {(r["run"], r.get("depth_policy"), r.get("rope_scaling"), r["dataset"], r["length"], r["probe"]): r
             for r in results.rows if r.get("probe")}
     rows = []
     for run, folder, lengths in plan:
-        info = load_run(run, device, depth_policy)
+        info = load_run(run, device, depth_policy, rope_scaling)
+        scaling = rope_scaling_key(info.cfg.model.rope_scaling)
         data = open_eval_split(folder, split, "size")  # its tokenizer; the probes read no split tokens
         check_compatible(info, data)
         tok, dataset = Tokenizer.load(data.tokenizer_path), Path(folder).resolve().name
         for probe in probes:
             config = _probe_config(probe, depths, trials, seed)
             for length in lengths:
-                old = done.get((info.run, info.depth_override, dataset, length, probe))
+                old = done.get((info.run, info.depth_override, scaling, dataset, length, probe))
                 if old and (old.get("weights_sha256"), old.get("probe_config"), old.get("tokenizer_sha256")) == (
                         info.weights_sha256, config, tok.sha256):
                     continue
@@ -109,6 +116,7 @@ def run_probes(plan: Plan, probes: Sequence[str], split: str, out_dir: str | Pat
                 row = _row(info, dataset, length, probe, config, tok.sha256, by_depth, time.perf_counter() - t0)
                 results.append(row)
                 rows.append(row)
-                print(f"{info.run} · {probe} L={length}: accuracy {row['accuracy']:.3f} ("
+                rope = f" · rope={describe_rope_scaling(info.cfg.model.rope_scaling)}" if scaling else ""
+                print(f"{info.run}{rope} · {probe} L={length}: accuracy {row['accuracy']:.3f} ("
                       + ", ".join(f"δ={d['depth']:g}: {d['accuracy']:.2f}" for d in by_depth) + ")", flush=True)
     return rows

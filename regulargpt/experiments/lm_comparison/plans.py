@@ -283,6 +283,7 @@ V3 = Plan(
     receptive_fields=(("regular_gpt", "train"), ("rg_c8", "train"), ("alibi", ""), ("nope_w64", ""),
                       ("rope_w64", "")),
     probes=tuple((n, "passkey") for n in V3_POSITIONS),  # the old runs' folders are gone: only the new rows
+    probe_trials=20,
 )
 V3_EQUAL_COMPUTE = {"alibi": "alibi_l12", "kerple_log": "kerple_log_l12"}  # 4-layer row → its 12-layer row
 V3_WINDOWS = ("nope_w64", "rope_w64", "nope_w64_l12", "rope_w64_l12")

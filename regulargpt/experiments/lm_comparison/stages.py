@@ -86,7 +86,8 @@ def missing_rows(plan: Plan, dataset: str, variant: Variant, seed: int) -> list[
     keyed by the run's path and the plan's token count, probe rows by the plan's probe_trials), plus
     ``Need(0, policy, "receptive_field")`` for a missing seed-0 receptive field of the plan's. Examples: a v3
     ``regular_gpt`` seed-1 run needs lengths 64 … 2048 under its own depth and again under ``train``: 12 rows; the
-    v3 ``rope`` seed-0 run needs the 6 lengths unscaled, with YaRN and with dynamic NTK, and 6 passkey rows: 24."""
+    v3 ``rope`` seed-0 run needs the 6 lengths unscaled, with YaRN and with dynamic NTK, and 6 passkey rows under
+    each of the three: 36."""
     run = rel_path(plan.run_dir(dataset, variant, seed))
     need = [Need(L, None, "nonoverlapping") for L in plan.lengths]
     need += [Need(L, p, "nonoverlapping") for p in ("train", "per_position") if p in variant.depth_policies
@@ -96,8 +97,8 @@ def missing_rows(plan: Plan, dataset: str, variant: Variant, seed: int) -> list[
         need += [Need(L, None, "sliding") for L in plan.sliding_lengths]
     first = seed == 0 and dataset == plan.datasets[0]
     if first:
-        need += [Need(L, None, None, None, probe) for name, probe in plan.probes if name == variant.name
-                 for L in plan.lengths]
+        need += [Need(L, None, None, scaling, probe) for name, probe in plan.probes if name == variant.name
+                 for scaling in (None, *(s.key for s in variant.rope_scalings)) for L in plan.lengths]
     path = plan.out / dataset / "results.jsonl"
     have = {Need(r["length"], r["depth_policy"], r["protocol"], r.get("rope_scaling"), r.get("probe"))
             for r in (load_rows(path) if path.is_file() else []) if r["run"] == run
@@ -243,7 +244,7 @@ def _finished(plan: Plan, dataset: str, names: tuple[str, ...] | None = None,
 def evaluate_all(plan: Plan, memory_gb: float) -> None:
     """Every finished run at every length (its own depth policy), RegularGPT runs again with each extra depth policy
     of their variant, RoPE runs again with each evaluation-time scaling of theirs, the sliding-protocol check, and
-    the plan's probes on seed 0 of the first dataset; extrapolate.py skips rows already in the results file."""
+    the plan's probes on seed 0 of the first dataset (a RoPE run's also under each of its scalings); extrapolate.py skips rows already in the results file."""
     for dataset in plan.datasets:
         base = [sys.executable, "eval/extrapolate.py", "--data", rel_path(plan.data_root / dataset), "--split", "test",
                 "--tokens", str(plan.eval_tokens), "--out", rel_path(plan.out / dataset), "--memory-gb", str(memory_gb),
@@ -255,9 +256,12 @@ def evaluate_all(plan: Plan, memory_gb: float) -> None:
         jobs += [(_finished(plan, dataset, tuple(m.name for m in plan.models if s in m.rope_scalings)),
                   [*lengths, "--rope-scaling", key]) for key, s in scalings.items()]
         if dataset == plan.datasets[0]:
-            jobs += [(_finished(plan, dataset, tuple(v for v, p in plan.probes if p == probe), seeds=(0,)),
-                      [*lengths, "--probe", probe, "--probe-trials", str(plan.probe_trials)])
-                     for probe in dict.fromkeys(p for _, p in plan.probes)]
+            for probe in dict.fromkeys(p for _, p in plan.probes):
+                probed = [m for m in plan.models if (m.name, probe) in plan.probes]
+                flags = [*lengths, "--probe", probe, "--probe-trials", str(plan.probe_trials)]
+                jobs.append((_finished(plan, dataset, tuple(m.name for m in probed), seeds=(0,)), flags))
+                jobs += [(_finished(plan, dataset, tuple(m.name for m in probed if s in m.rope_scalings), seeds=(0,)),
+                          [*flags, "--rope-scaling", key]) for key, s in scalings.items()]
         if plan.sliding_check:
             jobs.append((_finished(plan, dataset, plan.sliding_check, seeds=(0,)),
                          ["--lengths", ",".join(map(str, plan.sliding_lengths)), "--protocol", "sliding",

@@ -169,14 +169,16 @@ def _windows(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longest:
 
 
 def passkey_by_length(plan: Plan, probe: str = "passkey") -> dict[str, dict[int, float]]:
-    """Variant → length → probe accuracy (mean over depths, then over the seeds probed) from the latest probe rows of
-    the plan's first dataset; {} without a results file."""
+    """Row name → length → probe accuracy (mean over depths, then over the seeds probed) from the latest probe rows
+    of the plan's first dataset; a row probed under an evaluation-time RoPE scaling is named
+    ``<variant>+<rope_type>`` (as its perplexity row); {} without a results file."""
     path = plan.out / plan.datasets[0] / "results.jsonl"
     acc: dict[str, dict[int, list[float]]] = {}
     for row in latest_rows(load_rows(path)) if path.is_file() else []:
         named = run_name(row["run"])
         if row.get("probe") == probe and named and row["dataset"] == plan.datasets[0]:
-            acc.setdefault(named[0], {}).setdefault(row["length"], []).append(row["accuracy"])
+            scaled = f"+{json.loads(row['rope_scaling'])['rope_type']}" if row.get("rope_scaling") else ""
+            acc.setdefault(named[0] + scaled, {}).setdefault(row["length"], []).append(row["accuracy"])
     return {v: {L: float(np.mean(a)) for L, a in sorted(by.items())} for v, by in acc.items()}
 
 
@@ -213,7 +215,7 @@ def _positions(plan: Plan, table: dict[tuple[str, str], Summary], t: int, longes
         ratio = summary.ratio(t, longest)
         gaps = [_mean_gap(table, (name, policy), ("alibi", "adaptive"), L) for L in (t, longest)]
         gap = ["—" if name == "alibi" or g is None else f"{g.mean:+.1f}%" for g in gaps]
-        acc = passkey.get(name, {}) if "+" not in name else {}
+        acc = passkey.get(name, {})
         eff = effective_length(acc, threshold) if acc else None
         lines.append(f"| {name} | {policy} | {len(summary.at(t))} | {' | '.join(ppl)} | "
                      + (f"{float(np.mean(ratio)):.3f}" if ratio else "—") + f" | {' | '.join(gap)} | "
