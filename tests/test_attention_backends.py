@@ -135,3 +135,90 @@ def test_a_flex_build_failure_under_an_outer_compile_is_retried_with_small_tiles
     torch._dynamo.reset()
     assert dense_attention._flex_failed == [] and seen[-1] == 64 and None in seen, (seen, dense_attention._flex_failed)
     assert torch.allclose(out, want, atol=1e-5)
+
+
+def _explicit_flex(q, k, v, score_mod, block_mask, dynamic=False, return_lse=False, kernel_options=None):
+    """FlexAttention's contract written out (causal mask, score_mod on every score, natural-log lse), with
+    gradients on CPU: the stand-in for the CUDA kernel in the tests below."""
+    b, h, t, dh = q.shape
+    heads = torch.arange(h)[:, None, None]
+    rows, cols = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    scores = score_mod(q @ k.transpose(-1, -2) / math.sqrt(dh), None, heads, rows, cols)
+    scores = scores.masked_fill(cols > rows, float("-inf"))
+    _explicit_flex.read_detached = not score_mod(torch.zeros(()), None, heads, rows, cols).requires_grad
+    out = scores.softmax(-1) @ v
+    return (out, torch.logsumexp(scores, -1)) if return_lse else out
+
+
+@pytest.mark.parametrize("t, buckets, max_distance", [(37, 8, 12), (150, 32, 128), (40, 8, 64)])
+def test_t5_gradient_from_the_band_equals_the_chunked_path(monkeypatch, t, buckets, max_distance):
+    """T5 through the flex route reads its distance table detached and gets the table's gradient from the band of
+    distances < max_distance (near_bias): q, k, v and bucket-table gradients equal the chunked path's in fp64. At
+    T <= max_distance (the last case) the table is read with its gradient, as before."""
+    from regulargpt.model import flex_sliding
+    from regulargpt.model.position import T5Bias
+
+    monkeypatch.setattr(flex_sliding, "run_compiled_flex", _explicit_flex)
+    torch.manual_seed(3)
+    bias = T5Bias(3, buckets, max_distance, init_std=0.5).double()
+    q, k, v = (torch.randn(2, 3, t, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    got = flex_causal_attention(q, k, v, bias)
+    assert _explicit_flex.read_detached == (t > max_distance)
+    want = causal_attention(q, k, v, bias, memory_mb=1)
+    leaves = [q, k, v, bias.table]
+    w = torch.randn_like(want)
+    for g1, g2 in zip(torch.autograd.grad((got * w).sum(), leaves), torch.autograd.grad((want * w).sum(), leaves)):
+        assert torch.allclose(g1, g2, rtol=1e-9, atol=1e-11), (g1 - g2).abs().max()
+    assert torch.allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_near_bias_gradient_hand_computed():
+    """W = 2, one head, T = 3, q = k = 0 (uniform logits but for the bias), v = e_0, dO = e_0: row m's
+    probabilities are softmax of the table over its visible distances, dS = P(v_n·e_0 − Σ P v·e_0)."""
+    from regulargpt.model.near_bias import near_bias_gradient
+
+    table = torch.tensor([[0.0, math.log(2.0), 5.0]])  # Δ = 0, 1 (and 2: outside the window)
+    q = k = torch.zeros(1, 1, 3, 2)
+    v = torch.tensor([[[[1.0, 0.0], [0.0, 0.0], [1.0, 0.0]]]])  # v_n · e_0 = 1, 0, 1
+    dout = torch.tensor([[[[1.0, 0.0]]]]).expand(1, 1, 3, 2)
+    # row 0: P = [1]; row 1: keys 1, 0 at Δ 0, 1: P = [1/3, 2/3]; row 2: keys 2, 1, 0 at Δ 0, 1, 2: P ∝ [1, 2, e^5]
+    z = 3.0 + math.exp(5.0)
+    lse = torch.tensor([[[0.0, math.log(3.0), math.log(z)]]])
+    p2 = torch.tensor([1.0, 2.0, math.exp(5.0)]) / z
+    out = torch.tensor([[[[1.0, 0.0], [2 / 3, 0.0], [float(p2[0] + p2[2]), 0.0]]]])
+    # dS row 0: 1·(1 − 1) = 0; row 1: Δ0 (key 1, v·e0 = 0): 1/3·(0 − 2/3), Δ1 (key 0, 1): 2/3·(1 − 2/3)
+    # row 2: Δ0 (key 2, 1): p·(1 − o), Δ1 (key 1, 0): p·(0 − o), o = out[2]
+    o2 = float(p2[0] + p2[2])
+    want = torch.tensor([[-2 / 9 + float(p2[0]) * (1 - o2), 2 / 9 + float(p2[1]) * (0 - o2)]])
+    got = near_bias_gradient(q, k, v, out, lse, dout, table, 2)
+    assert torch.allclose(got, want, atol=1e-6), (got, want)
+
+
+def test_an_evaluation_sweep_compiles_flex_at_most_twice(monkeypatch):
+    """Without gradients the biased baselines' FlexAttention is one shape-generic compile: ALiBi and KERPLE at
+    lengths 64 … 512 and batch sizes 1 … 3 (an evaluation sweep's last partial batches) compile it at most twice
+    (batch 1 is its own), counted by dynamo's own counters, and every output equals the chunked path."""
+    from torch._dynamo.utils import counters
+
+    from regulargpt.model import dense_attention
+
+    monkeypatch.setattr(dense_attention, "attention_backend", lambda *args: "flex")
+    monkeypatch.setattr(dense_attention, "_flex_failed", [])
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(4)
+    for name in ("alibi", "kerple_log"):
+        bias = _bias(name, 2).float()
+        for batch, t in [(3, 64), (2, 192), (3, 512), (1, 128), (2, 320), (1, 256)]:
+            q, k, v = (torch.randn(batch, 2, t, 16, generator=g) for _ in range(3))
+            with torch.no_grad():
+                got = causal_attention(q, k, v, bias)
+            monkeypatch.setattr(dense_attention, "attention_backend", lambda *args: "chunked")
+            with torch.no_grad():
+                want = causal_attention(q, k, v, bias)
+            monkeypatch.setattr(dense_attention, "attention_backend", lambda *args: "flex")
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (name, batch, t, (got - want).abs().max())
+    compiles = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert dense_attention._flex_failed == []
+    assert 1 <= compiles <= 2, compiles

@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from regulargpt.model.near_bias import with_near_bias_gradient
+
 __all__ = ["CausalBias", "attention_backend", "causal_attention", "distance_table", "flex_causal_attention",
            "query_chunk_size"]
 
@@ -135,19 +137,32 @@ def _causal_block_mask(length: int, device: str):  # -> BlockMask
 
 def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: BiasFn, compiled: bool = True) -> Tensor:
     """FlexAttention over every position of q, k, v (B, H, T, Dh): score + table[h, m − n] under a causal block
-    mask (:func:`distance_table`). `compiled=False`: torch's eager implementation (its forward also runs on CPU)."""
+    mask (:func:`distance_table`). `compiled=False`: torch's eager implementation (its forward also runs on CPU).
+
+    Compiles: without gradients (evaluation) one shape-generic kernel serves every length and batch size (at most
+    two compiles in a process: batch 1 is its own); with gradients, static shapes (one compile per training shape).
+    A learned bias constant beyond a window (``bias.constant_beyond`` = W < T: T5) is read detached and its gradient
+    computed on the band of distances < W (`near_bias`), not by the kernel's scatter into the table."""
     from torch.nn.attention.flex_attention import flex_attention
 
     from regulargpt.model.flex_sliding import run_compiled_flex  # the compiled flex_attention, small-tile retry
 
     length = q.shape[2]
     table = distance_table(bias, length, q.device)  # (H, T)
+    window = getattr(bias, "constant_beyond", None)
+    near = torch.is_grad_enabled() and table.requires_grad and window is not None and window < length
+    read = table.detach() if near else table
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, m: Tensor, n: Tensor) -> Tensor:
-        return score + table[h, (m - n).clamp(min=0)]  # above the diagonal: masked, any finite filler
+        return score + read[h, (m - n).clamp(min=0)]  # above the diagonal: masked, any finite filler
 
-    attend = run_compiled_flex if compiled else flex_attention
-    return attend(q, k, v, score_mod=score_mod, block_mask=_causal_block_mask(length, str(q.device)))
+    grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, table))
+    attend = functools.partial(run_compiled_flex, dynamic=not grads) if compiled else flex_attention
+    block_mask = _causal_block_mask(length, str(q.device))
+    if not near:
+        return attend(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    out, lse = attend(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
+    return with_near_bias_gradient(out, lse, q, k, v, table, window)
 
 
 @torch.compiler.disable

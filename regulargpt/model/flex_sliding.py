@@ -25,6 +25,7 @@ the formulation). On an H200 (torch 2.11) it was correct but 7.8× slower than t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable
@@ -129,18 +130,48 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Callable, block_mask: object) -> Tensor:
-    """The compiled flex_attention(q, k, v, score_mod, block_mask), retried once with `_SMALL_TILES` (kept for the
-    rest of the process) when the compiler's default tiles ask for more shared memory than the GPU has: the one
-    retry of both FlexAttention users (this module's sliding-dilated band, dense_attention's biased baselines)."""
+@functools.lru_cache(maxsize=1)
+def _compiled_flex_dynamic() -> Callable:
+    """flex_attention compiled once for every batch size and length (``dynamic=True``): for score and mask mods
+    with no Python constant of the geometry (dense_attention's causal distance table, whose length is a tensor
+    dimension), where one kernel is correct at every shape. Called under `_no_duck_shapes`."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def _no_duck_shapes() -> contextlib.AbstractContextManager:
+    """Symbolic sizes that merely coincide (a batch of 4 and 4 query blocks) stay separate symbols: with duck
+    shaping the first compile guards on their equality and the next length recompiles."""
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(use_duck_shape=False)
+
+
+def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Callable, block_mask: object,
+                      dynamic: bool = False, **options: object) -> Tensor | tuple[Tensor, Tensor]:
+    """The compiled flex_attention(q, k, v, score_mod, block_mask, **options), retried once with `_SMALL_TILES`
+    (kept for the rest of the process) when the compiler's default tiles ask for more shared memory than the GPU
+    has: the one retry of both FlexAttention users (this module's sliding-dilated band, dense_attention's biased
+    baselines). `dynamic`: the one shape-generic compile (`_compiled_flex_dynamic`); else static shapes, one
+    compile per shape (`_compiled_flex`). `options`: flex_attention's other keywords (return_lse)."""
     global _kernel_options
+
+    def attend() -> Tensor | tuple[Tensor, Tensor]:
+        if not dynamic:
+            return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                    kernel_options=_kernel_options, **options)
+        with _no_duck_shapes():
+            return _compiled_flex_dynamic()(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                            kernel_options=_kernel_options, **options)
+
     try:
-        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
+        return attend()
     except Exception as error:  # noqa: BLE001  (inductor raises its own types; only resource errors retry)
         if _kernel_options is not None or "out of resource" not in str(error):
             raise
         _kernel_options = dict(_SMALL_TILES)
-        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=_kernel_options)
+        return attend()
 
 
 def flex_sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,

@@ -96,11 +96,13 @@ class AlibiBias(nn.Module):
 
 
 class T5Bias(nn.Module):
-    """T5 relative bias: a learned (num_buckets, H) table indexed by the causal bucket of Δ."""
+    """T5 relative bias: a learned (num_buckets, H) table indexed by the causal bucket of Δ; b_h(Δ) = b_h(W) for
+    every Δ >= W = ``constant_beyond`` (= max_distance, the last bucket)."""
 
     def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, init_std: float = 0.02) -> None:
         super().__init__()
         self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.constant_beyond = max_distance  # every Δ >= max_distance is the last bucket (dense_attention, near_bias)
         self.table = nn.Parameter(torch.randn(num_buckets, n_heads) * init_std)
 
     def forward(self, query_pos: Tensor, key_pos: Tensor) -> Tensor:
