@@ -153,12 +153,14 @@ def run_compiled_flex(q: Tensor, k: Tensor, v: Tensor, score_mod: Callable, bloc
     """The compiled flex_attention(q, k, v, score_mod, block_mask, **options), retried once with `_SMALL_TILES`
     (kept for the rest of the process) when the compiler's default tiles ask for more shared memory than the GPU
     has: the one retry of both FlexAttention users (this module's sliding-dilated band, dense_attention's biased
-    baselines). `dynamic`: the one shape-generic compile (`_compiled_flex_dynamic`); else static shapes, one
-    compile per shape (`_compiled_flex`). `options`: flex_attention's other keywords (return_lse)."""
+    baselines). `dynamic`: the one shape-generic compile (`_compiled_flex_dynamic`) while the default tiles hold;
+    else, and after the retry (a dynamic compile would make the tile sizes symbolic inputs, which Triton needs as
+    constants), static shapes, one compile per shape (`_compiled_flex`). `options`: flex_attention's other
+    keywords (return_lse)."""
     global _kernel_options
 
     def attend() -> Tensor | tuple[Tensor, Tensor]:
-        if not dynamic:
+        if not dynamic or _kernel_options is not None:
             return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                     kernel_options=_kernel_options, **options)
         with _no_duck_shapes():
