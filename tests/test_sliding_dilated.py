@@ -49,6 +49,39 @@ def test_kernel_matches_dense_reference_forward_and_gradients(algorithm, pad):
             assert torch.allclose(g, w, atol=1e-10, rtol=0), (name, c, dilation, t)
 
 
+@pytest.mark.parametrize("algorithm", ["cpp", "shift", "blocked"])
+def test_token_major_layout_matches_the_dense_reference(algorithm):
+    """layout="bthd": q, k, v and the output (B, T, H, Dh) — as the model passes views of its projection — equal the
+    dense reference on the (B, H, T, Dh) transposes, forward and every gradient; the fused kernel gets the views
+    themselves (no copy: the output is contiguous in (B, T, H, Dh))."""
+    if algorithm == "cpp":
+        from regulargpt.kernels import sliding_dilated_cpp
+
+        if sliding_dilated_cpp.build_error():
+            pytest.skip(f"C++ operator did not build: {sliding_dilated_cpp.build_error()}")
+    torch.manual_seed(5)
+    for c, dilation, t, pad in [(2, 1, 9, True), (3, 3, 20, False), (4, 16, 37, True)]:
+        qkv = torch.randn(2, t, 3, 3, 4, dtype=torch.float64, requires_grad=True)  # (B, T, 3, H, Dh): a projection
+        q, k, v = qkv.unbind(2)  # (B, T, H, Dh) views, stride(-1) 1
+        r = (torch.randn(3, c, dtype=torch.float64) * 0.5).requires_grad_()
+        pk, pv = [torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(2)] if pad else [None] * 2
+        out = sliding_dilated_attention(q, k, v, r, dilation, pk, pv, algorithm=algorithm, layout="bthd")
+        ref = reference_sliding_dilated_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), r, dilation,
+                                                  pk, pv).transpose(1, 2)
+        assert out.shape == (2, t, 3, 4) and torch.allclose(out, ref, atol=1e-10, rtol=0), (algorithm, c, t)
+        if algorithm == "cpp":
+            assert out.is_contiguous()
+        leaves = [x for x in (qkv, r, pk, pv) if x is not None]
+        weights = torch.randn_like(out)
+        for g, w in zip(torch.autograd.grad((out * weights).sum(), leaves),
+                        torch.autograd.grad((ref * weights).sum(), leaves)):
+            assert torch.allclose(g, w, atol=1e-10, rtol=0), (algorithm, c, t)
+    with pytest.raises(ValueError, match="layout must be 'bhtd'"):
+        sliding_dilated_attention(q, k, v, r, 1, layout="bhdt")
+    with pytest.raises(ValueError, match=r"rel_bias must be \(H, C\) with H=3"):
+        sliding_dilated_attention(q, k, v, torch.zeros(2, 2), 1, layout="bthd")
+
+
 def test_fp32_kernel_within_1e5_of_reference():
     for c, dilation, t in [(2, 1, 257), (4, 16, 257), (32, 32, 257), (3, 9, 100)]:
         q, k, v, r, (pk, pv) = _inputs(2, 3, t, 16, c, True, dtype=torch.float32)

@@ -37,25 +37,28 @@ class TransformerLayer(nn.Module):
         self.act: Callable[[Tensor], Tensor] = F.gelu if cfg.activation == "gelu" else F.relu
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, token_major: bool = False) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, -1).transpose(1, 2)  # (B, T, d) → (B, H, T, Dh), a view
+        heads = x.view(b, t, self.n_heads, -1)  # (B, T, d) → (B, T, H, Dh), a view
+        return heads if token_major else heads.transpose(1, 2)  # (B, H, T, Dh), a view
 
-    def _heads(self, x: Tensor, keep: slice | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v, each (B, H, ·, Dh); with `keep`, queries only for the positions x[:, keep].
+    def _heads(self, x: Tensor, keep: slice | None = None,
+               token_major: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v, each (B, H, ·, Dh), or (B, ·, H, Dh) when `token_major`; with `keep`, queries only for the
+        positions x[:, keep].
 
         Split along the projection's last axis (views of its (B, T, 3d) output), so the backward joins dq, dk, dv
         with one concatenation into the projection's gradient (an unbind of a (3, B, H, T, Dh) permute would stack
         them, then copy the permuted stack once more to reshape it).
         """
         if keep is None:
-            q, k, v = (self._split_heads(part) for part in self.qkv(x).chunk(3, dim=-1))
+            q, k, v = (self._split_heads(part, token_major) for part in self.qkv(x).chunk(3, dim=-1))
             return q, k, v
         d = x.shape[-1]
         w, bias = self.qkv.weight, self.qkv.bias
-        q = self._split_heads(F.linear(x[:, keep], w[:d], None if bias is None else bias[:d]))
+        q = self._split_heads(F.linear(x[:, keep], w[:d], None if bias is None else bias[:d]), token_major)
         kv = F.linear(x, w[d:], None if bias is None else bias[d:])  # (B, T, 2d)
-        k, v = (self._split_heads(part) for part in kv.chunk(2, dim=-1))
+        k, v = (self._split_heads(part, token_major) for part in kv.chunk(2, dim=-1))
         return q, k, v
 
     def key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,24 +70,28 @@ class TransformerLayer(nn.Module):
         """Attn(x) of the module doc: (B, T, d) → (B, Tq, d), Tq = T or the rows x[:, keep]."""
         return self._project(attend(*self._heads(x, keep)))
 
-    def _project(self, a: Tensor) -> Tensor:
-        b, h, t, dh = a.shape
-        return self.drop(self.out(a.transpose(1, 2).reshape(b, t, h * dh)))  # (B, H, Tq, Dh) → (B, Tq, d)
+    def _project(self, a: Tensor, token_major: bool = False) -> Tensor:
+        if not token_major:
+            a = a.transpose(1, 2)  # (B, H, Tq, Dh) → (B, Tq, H, Dh)
+        b, t, h, dh = a.shape
+        return self.drop(self.out(a.reshape(b, t, h * dh)))  # (B, Tq, H, Dh) → (B, Tq, d): a view when contiguous
 
     def feed_forward(self, x: Tensor) -> Tensor:
         return self.drop(self.ffn_out(self.act(self.ffn_in(x))))
 
-    def forward(self, x: Tensor, attend: AttendFn, keep: slice | None = None) -> Tensor:
+    def forward(self, x: Tensor, attend: AttendFn, keep: slice | None = None, token_major: bool = False) -> Tensor:
         """(B, T, d) → (B, T, d); with `keep`, only the rows x[:, keep] are computed (queries there, keys everywhere),
-        and `attend` receives q for those rows only."""
+        and `attend` receives q for those rows only. `token_major`: `attend` takes and returns (B, T, H, Dh) (views
+        of the projections, no transposes) instead of (B, H, T, Dh)."""
         rows = x if keep is None else x[:, keep]
-        return self.from_attention(rows, attend(*self._heads(self.norm1(x) if self.pre_norm else x, keep)))
+        heads = self._heads(self.norm1(x) if self.pre_norm else x, keep, token_major)
+        return self.from_attention(rows, attend(*heads), token_major)
 
-    def from_attention(self, rows: Tensor, a: Tensor) -> Tensor:
-        """The rest of the layer at `rows` (B, Tq, d) given its attention heads a = attend(q, k, v) (B, H, Tq, Dh):
-        output projection, residuals, norms and FFN (pre-LN: h = rows + W_o·a, y = h + FFN(LN2(h)); post-LN:
-        h = LN1(rows + W_o·a), y = LN2(h + FFN(h)))."""
-        h = rows + self._project(a)
+    def from_attention(self, rows: Tensor, a: Tensor, token_major: bool = False) -> Tensor:
+        """The rest of the layer at `rows` (B, Tq, d) given its attention heads a = attend(q, k, v) (B, H, Tq, Dh),
+        or (B, Tq, H, Dh) when `token_major`: output projection, residuals, norms and FFN (pre-LN: h = rows + W_o·a,
+        y = h + FFN(LN2(h)); post-LN: h = LN1(rows + W_o·a), y = LN2(h + FFN(h)))."""
+        h = rows + self._project(a, token_major)
         if self.pre_norm:
             return h + self.feed_forward(self.norm2(h))
         h = self.norm1(h)

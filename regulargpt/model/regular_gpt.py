@@ -143,7 +143,11 @@ class _SlidingDilatedLayer(nn.Module):
         """x: (B, T, d); pad_kv: this sub-layer's pad key/value, each (B, H, Dh) (`batch_pads`), or None in mask
         mode."""
         pad_k, pad_v = (None, None) if pad_kv is None else pad_kv
-        return self.layer(x, lambda q, k, v: sliding_dilated_attention(q, k, v, self.rel_bias, dilation, pad_k, pad_v))
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # (B, T, H, Dh): the fused kernels' own layout
+            return sliding_dilated_attention(q, k, v, self.rel_bias, dilation, pad_k, pad_v, layout="bthd")
+
+        return self.layer(x, attend, token_major=True)
 
 
 def batch_pads(pads: list[PadKV | None], batch: int) -> list[PadKV | None]:

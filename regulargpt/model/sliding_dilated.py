@@ -51,6 +51,7 @@ __all__ = ["sliding_dilated_attention", "reference_sliding_dilated_attention", "
            "choose_band", "fused_algorithm", "autocast_inputs", "algorithms_on"]
 
 Algorithm = Literal["auto", "cpp", "triton", "shift", "blocked", "flex"]
+Layout = Literal["bhtd", "bthd"]  # q, k, v and the output: (B, H, T, Dh) or (B, T, H, Dh)
 
 
 def choose_algorithm(chunk_size: int, dilation: int, length: int, dtype: torch.dtype, device: str) -> str:
@@ -154,17 +155,21 @@ def adaptive_depth(length: int, chunk_size: int) -> int:
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
-                  pad_k: Tensor | None, pad_v: Tensor | None) -> None:
+                  pad_k: Tensor | None, pad_v: Tensor | None, layout: Layout = "bhtd") -> None:
+    if layout not in ("bhtd", "bthd"):
+        raise ValueError(f"layout must be 'bhtd' (B, H, T, Dh) or 'bthd' (B, T, H, Dh); got {layout!r}")
+    named = "(B, H, T, Dh)" if layout == "bhtd" else "(B, T, H, Dh)"
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must share the shape (B, H, T, Dh); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if rel_bias.dim() != 2 or rel_bias.shape[0] != q.shape[1]:
-        raise ValueError(f"rel_bias must be (H, C) with H={q.shape[1]}; got {tuple(rel_bias.shape)}")
+        raise ValueError(f"q, k, v must share the shape {named}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    heads = q.shape[1 if layout == "bhtd" else 2]
+    if rel_bias.dim() != 2 or rel_bias.shape[0] != heads:
+        raise ValueError(f"rel_bias must be (H, C) with H={heads}; got {tuple(rel_bias.shape)}")
     if dilation < 1:
         raise ValueError(f"dilation must be >= 1, got {dilation}")
     if (pad_k is None) != (pad_v is None):
         raise ValueError("pad_k and pad_v must both be given or both be None")
-    if pad_k is not None and pad_k.shape != (q.shape[0], q.shape[1], q.shape[3]):
-        raise ValueError(f"pad_k/pad_v must be (B, H, Dh) = {(q.shape[0], q.shape[1], q.shape[3])}; got {tuple(pad_k.shape)}")
+    if pad_k is not None and pad_k.shape != (q.shape[0], heads, q.shape[3]):
+        raise ValueError(f"pad_k/pad_v must be (B, H, Dh) = {(q.shape[0], heads, q.shape[3])}; got {tuple(pad_k.shape)}")
 
 
 def _score_dtype(x: Tensor) -> torch.dtype:
@@ -282,11 +287,11 @@ def _band_blocked(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, pad_k: Tens
 
 def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int,
                               pad_k: Tensor | None = None, pad_v: Tensor | None = None,
-                              algorithm: Algorithm = "auto") -> Tensor:
+                              algorithm: Algorithm = "auto", layout: Layout = "bhtd") -> Tensor:
     """Exact sliding-dilated attention in O(T·C) time and memory per head.
 
     Args:
-        q, k, v: (B, H, T, Dh).
+        q, k, v: (B, H, T, Dh), or (B, T, H, Dh) with ``layout="bthd"``.
         rel_bias: (H, C) learnable per-head scalars; r[h, j] is added to the logit of key m - j·dilation.
         dilation: D = C**l at depth step l.
         pad_k, pad_v: (B, H, Dh) key/value read by out-of-range (negative) positions, or None to mask them.
@@ -294,35 +299,47 @@ def sliding_dilated_attention(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,
             without gradients) or "auto" (`choose_algorithm`: the device's fused kernel when it builds, else the
             faster of shift and blocked for this C, folded length and dtype).
 
+        layout: "bhtd" or "bthd", of q, k, v and the output. The fused kernels ("cpp", "triton") read and write
+            (B, T, H, Dh), the projection's own layout: "bthd" reaches them with no transpose either way (a layer's
+            heads are then views of its projection, and its output projection reads the kernel's output as is);
+            the PyTorch algorithms run on transpose(1, 2) views.
+
     Returns:
-        (B, H, T, Dh); from "cpp" a transpose(1, 2) view of its (B, T, H, Dh) output. Under autocast, q/k/v/pads are
+        (B, H, T, Dh), or (B, T, H, Dh) with ``layout="bthd"``; from "cpp" and "triton" with "bhtd" a transpose(1, 2)
+        view of their (B, T, H, Dh) output. Under autocast, q/k/v/pads are
         cast to the autocast dtype first (bf16 matmuls on CPUs with AVX-512 bf16/AMX); scores and softmax run in
         fp32 (fp64 for fp64 inputs) whatever the input dtype.
     """
-    _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v)
+    _check_inputs(q, k, v, rel_bias, dilation, pad_k, pad_v, layout)
     device = q.device.type
     q, k, v, pad_k, pad_v = autocast_inputs(q, k, v, pad_k, pad_v)
-    t, c = q.shape[2], rel_bias.shape[1]
+    token_major = layout == "bthd"
+    t, c = q.shape[1 if token_major else 2], rel_bias.shape[1]
     chosen = choose_algorithm(c, dilation, t, q.dtype, device) if algorithm == "auto" else algorithm
-    if chosen == "flex":
-        return flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
-    if chosen not in _KERNELS:
+    if chosen != "flex" and chosen not in _KERNELS:
         raise ValueError(f"algorithm must be one of auto, {', '.join(_KERNELS)}, flex; got {algorithm!r}")
-    with torch.autocast(device, enabled=False):
-        return _KERNELS[chosen](q, k, v, rel_bias, dilation, pad_k, pad_v)
+    swap = token_major != (chosen in _TOKEN_MAJOR)  # the kernel reads the other layout: transpose(1, 2) views
+    if swap:
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    if chosen == "flex":
+        out = flex_sliding.flex_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
+    else:
+        with torch.autocast(device, enabled=False):
+            out = _KERNELS[chosen](q, k, v, rel_bias, dilation, pad_k, pad_v)
+    return out.transpose(1, 2) if swap else out
 
 
 def _run_cpp(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
              pad_v: Tensor | None) -> Tensor:
-    """The C++ operator reads (B, T, H, Dh): transpose(1, 2) views of the projection's heads, no copy either way
-    (`cpu_operator`: the registered operator under torch.compile, the extension itself in eager mode)."""
-    out = cpu_operator(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias, dilation, pad_k, pad_v)
-    return out.transpose(1, 2)  # (B, H, T, Dh) view of the contiguous (B, T, H, Dh) output
+    """The C++ operator on q, k, v (B, T, H, Dh) (stride(-1) 1; views of the projection, no copy) → its contiguous
+    (B, T, H, Dh) output (`cpu_operator`: the registered operator under torch.compile, the extension itself in
+    eager mode)."""
+    return cpu_operator(q, k, v, rel_bias, dilation, pad_k, pad_v)
 
 
 def _run_triton(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None,
                 pad_v: Tensor | None) -> Tensor:
-    """The Triton operator (CUDA; CPU tensors only under TRITON_INTERPRET=1) on the same (B, T, H, Dh) views.
+    """The Triton operator (CUDA; CPU tensors only under TRITON_INTERPRET=1) on q, k, v (B, T, H, Dh) → (B, T, H, Dh).
     Imported on first use: triton ships with CUDA builds of torch and is only a dev extra on CPU machines."""
     if q.dtype == torch.float64:
         raise ValueError("algorithm='triton' takes fp32, bf16 or fp16 inputs; fp64 runs on 'cpp', 'shift' or 'blocked'")
@@ -330,9 +347,7 @@ def _run_triton(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int
         from regulargpt.kernels.sliding_dilated_triton import triton_sliding_dilated_attention
     except ImportError as exc:
         raise RuntimeError(f"algorithm='triton' needs the triton package ({exc}); install it or use 'auto'") from exc
-    out = triton_sliding_dilated_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rel_bias,
-                                           dilation, pad_k, pad_v)
-    return out.transpose(1, 2)  # (B, H, T, Dh) view of the contiguous (B, T, H, Dh) output
+    return triton_sliding_dilated_attention(q, k, v, rel_bias, dilation, pad_k, pad_v)
 
 
 def _folded(band: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -348,6 +363,7 @@ def _folded(band: Callable[..., Tensor]) -> Callable[..., Tensor]:
 # device → (its name, a function returning why it cannot run here, or None).
 _KERNELS: dict[str, Callable[..., Tensor]] = {"cpp": _run_cpp, "triton": _run_triton,
                                               "shift": _folded(_band_shift), "blocked": _folded(_band_blocked)}
+_TOKEN_MAJOR = ("cpp", "triton")  # the kernels that read and write (B, T, H, Dh); the others (B, H, T, Dh)
 _FUSED: dict[str, tuple[str, Callable[[], str | None]]] = {"cpu": ("cpp", sliding_dilated_cpp.build_error),
                                                            "cuda": ("triton", dispatch_cuda.triton_build_error)}
 _FUSED_WARNED: set[str] = set()
