@@ -13,8 +13,10 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
    that fusing would remove.
 
-Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best measured bandwidth; and the op traffic as a
-multiple of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32: 8 · 65536 · 512 · 4 B =
+Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best measured bandwidth; time ÷ the compute
+floor, 12·B·H·T·C·Dh FLOPs (:func:`kernel_flops`) at the measured fp32 matmul rate (at large C the kernel has more
+FLOPs than bytes: the compute floor can exceed a multiple of the memory floor); and the op traffic as a multiple
+of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32: 8 · 65536 · 512 · 4 B =
 1.07 GB; at 50 GB/s the floor is 21 ms.
 
     python eval/bench_traffic.py --out results/bench_traffic.md
@@ -64,6 +66,26 @@ def floor_bytes(batch: int, heads: int, t: int, head_dim: int, chunk: int, eleme
     """Bytes a forward+backward must move at least once: 8 (B, H, T, Dh) tensors, pads and their gradients,
     window scalars and theirs (fp32). E.g. (1, 8, 65536, 64, 2, 4) → 8·2^25·4 + 4·512·4 + 2·16·4 = 1,073,750,144."""
     return 8 * batch * heads * t * head_dim * element + 4 * batch * heads * head_dim * element + 2 * heads * chunk * 4
+
+
+def kernel_flops(batch: int, heads: int, t: int, head_dim: int, chunk: int) -> int:
+    """Multiply-add FLOPs of one forward+backward, 2 per multiply-add: per (query, head) the forward's C scores and
+    C-term output (2 · 2·C·Dh) and the backward's dP, dq, dk, dv (4 · 2·C·Dh) = 12·C·Dh. E.g. (1, 8, 65536, 64, 16)
+    → 12 · 8 · 65536 · 16 · 64 = 6,442,450,944."""
+    return 12 * batch * heads * t * chunk * head_dim
+
+
+def matmul_rate(reps: int = 3, size: int = 1536) -> float:
+    """Best fp32 GFLOP/s of a (size × size) @ (size × size) matmul at the current thread count: the machine's
+    attainable multiply-add rate (the C++ kernel computes in fp32 for bf16 inputs too)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    best = 0.0
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * size**3 / (time.perf_counter() - start) / 1e9)
+    return best
 
 
 def _inputs(batch: int, heads: int, t: int, head_dim: int, chunk: int, dtype: torch.dtype) -> tuple:
@@ -121,7 +143,8 @@ def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int
     inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
     attention = functools.partial(sliding_dilated_attention, algorithm=algorithm)
     row = {"t": t, "chunk": chunk, "dtype": dtype, "algorithm": algorithm, "seconds": _timed(inputs, chunk, reps, attention),
-           "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element)}
+           "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element),
+           "flops": kernel_flops(1, heads, t, head_dim, chunk)}
     row["ops"], row["op_bytes"] = op_traffic(inputs, chunk, element, attention)
     if compiled:
         torch._dynamo.reset()
@@ -134,14 +157,27 @@ def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int
     return row
 
 
-def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespace, command: str) -> str:
+def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespace, command: str,
+           gflops: float) -> str:
     prov = provenance(command)
     best = max(bandwidth.values())
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
              f"B = 1; median of {args.reps} forward+backward passes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
-             f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s.", "",
+             f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s. Measured fp32 matmul "
+             f"rate (1536³, best of {max(args.reps, 3)}): {gflops:.1f} GFLOP/s, the compute floor's rate.", "",
+             "| T | C | dtype | algorithm | fwd+bwd ms | memory floor ms | time ÷ memory floor | compute floor ms | "
+             "time ÷ compute floor | max(floors) ÷ memory floor |", "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        floor_ms, compute_ms = r["floor_bytes"] / best / 1e6, r["flops"] / gflops / 1e6
+        lines.append(f"| {r['t']:,} | {r['chunk']} | {r['dtype']} | {r['algorithm']} | {r['seconds'] * 1e3:.1f} | "
+                     f"{floor_ms:.1f} | {r['seconds'] * 1e3 / floor_ms:.1f}× | {compute_ms:.1f} | "
+                     f"{r['seconds'] * 1e3 / compute_ms:.1f}× | {max(floor_ms, compute_ms) / floor_ms:.1f}× |")
+    lines += ["", "*compute floor*: 12·B·H·T·C·Dh FLOPs (forward scores and output, backward dP, dq, dk, dv) at the "
+              "measured matmul rate; a kernel cannot beat the larger floor, so where *max(floors) ÷ memory floor* "
+              "exceeds a target's multiple of the memory floor, that target is out of reach on this machine.", "",
+              "Traffic:", "",
              "| T | C | dtype | algorithm | fwd+bwd ms | floor bytes (MB) | floor ms | time ÷ floor | leaf ops | op input bytes "
              "(MB) | op bytes ÷ floor bytes | op bytes at the bandwidth, ms | compiled ms | compiled ÷ floor | "
              "compiled max abs diff |",
@@ -194,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     command = shlex.join(["python", "eval/bench_traffic.py", *(sys.argv[1:] if argv is None else argv)])
     bandwidth = stream_bandwidth(args.stream_gib, reps=max(args.reps, 3))
-    print(f"bandwidth: copy {bandwidth['copy']:.1f} GB/s, triad {bandwidth['triad']:.1f} GB/s", flush=True)
+    gflops = matmul_rate(reps=max(args.reps, 3))
+    print(f"bandwidth: copy {bandwidth['copy']:.1f} GB/s, triad {bandwidth['triad']:.1f} GB/s; fp32 matmul "
+          f"{gflops:.1f} GFLOP/s", flush=True)
     rows = []
     for dtype in dtypes:
         for t in lengths:
@@ -203,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows[-1]
                 print(f"T={t} C={chunk} {dtype} {algorithm}: {r['seconds'] * 1e3:.1f} ms, "
                       f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, {r['ops']} ops", flush=True)
-    atomic_write_text(args.out, render(rows, bandwidth, args, command))
+    atomic_write_text(args.out, render(rows, bandwidth, args, command, gflops))
     print(f"wrote {args.out}")
     return 0
 

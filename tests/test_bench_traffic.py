@@ -17,6 +17,12 @@ def test_floor_bytes_counts_each_tensor_once() -> None:
     assert bench.floor_bytes(2, 8, 1024, 64, 8, 2) == 8 * 2 * 8 * 1024 * 64 * 2 + 4 * 2 * 8 * 64 * 2 + 2 * 8 * 8 * 4
 
 
+def test_kernel_flops_by_hand() -> None:
+    # per (query, head): forward 2·C·Dh (scores) + 2·C·Dh (output), backward 4 · 2·C·Dh (dP, dq, dk, dv)
+    assert bench.kernel_flops(1, 8, 65536, 64, 16) == 65536 * 8 * (4 + 8) * 16 * 64 == 6_442_450_944
+    assert bench.kernel_flops(2, 1, 3, 4, 2) == 2 * 3 * 12 * 2 * 4
+
+
 def test_op_traffic_is_at_least_the_inputs_read_once() -> None:
     inputs = bench._inputs(1, 2, 256, 16, 2, torch.float32)
     ops, traffic = bench.op_traffic(inputs, 2, 4)
@@ -30,5 +36,6 @@ def test_report_and_bad_flags(tmp_path: Path) -> None:
                        "--no-compile", "--stream-gib", "0.05", "--out", str(out)]) == 0
     text = out.read_text()
     assert "| 128 | 2 | fp32 |" in text and "Measured bandwidth" in text and "— | — | — |" in text
+    assert "GFLOP/s, the compute floor's rate" in text and "time ÷ compute floor" in text
     with pytest.raises(SystemExit):
         bench.main(["--dtypes", "fp16", "--out", str(out)])
