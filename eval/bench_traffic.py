@@ -6,8 +6,9 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
 2. counts the bytes a forward+backward must move at least once: q, k, v, out, dout, dq, dk, dv (8 tensors of
    B·H·T·Dh elements), the pads and their gradients (4·B·H·Dh) and the window scalars and theirs (2·H·C fp32);
 3. times the kernel forward+backward (``out.backward(dout)``, dout allocated outside the timing), median of `--reps`,
-   eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, shift,
-   blocked; the fused C++ operator "cpp" is auto's choice on CPU);
+   eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, cpp-tiles,
+   shift, blocked; the fused C++ operator "cpp" is auto's choice on CPU; "cpp-tiles" is the same operator with its
+   AVX-512 head sweep switched off, i.e. the tiled kernel on every geometry);
 4. profiles one forward+backward with ``torch.profiler`` (shapes recorded): the number of leaf ATen ops and the
    bytes their inputs hold (Σ over leaf ops of the elements of every tensor input × the element size of the run's
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
@@ -22,6 +23,7 @@ of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32
     python eval/bench_traffic.py --out results/bench_traffic.md
     python eval/bench_traffic.py --lengths 16384 --chunks 2 --dtypes fp32 --reps 2      # quick look
     python eval/bench_traffic.py --lengths 16384 --chunks 2,4,8 --dtypes fp32 --algorithms cpp,shift --no-compile
+    python eval/bench_traffic.py --lengths 65536 --chunks 2,8,16 --algorithms cpp,cpp-tiles --no-compile --reps 5
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch  # noqa: E402
 
 from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
+from regulargpt.kernels.sliding_dilated_cpp import head_sweep  # noqa: E402
 from regulargpt.model import sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import provenance, stamp_lines  # noqa: E402
 
@@ -138,7 +141,11 @@ def op_traffic(inputs: tuple, chunk: int, element: int, attention=sliding_dilate
 def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int, compiled: bool,
             algorithm: str = "auto") -> dict:
     """Eager (and with `compiled`, ``torch.compile``d: Inductor's fused C++ loops) forward+backward times, the
-    floor's bytes and the eager ops' traffic at one (T, C, dtype); compiled outputs are checked against eager."""
+    floor's bytes and the eager ops' traffic at one (T, C, dtype); compiled outputs are checked against eager.
+    ``algorithm="cpp-tiles"``: the C++ operator with its head sweep off (`head_sweep(False)`)."""
+    if algorithm == "cpp-tiles":
+        with head_sweep(False):
+            return {**measure(t, chunk, dtype, heads, head_dim, reps, compiled, "cpp"), "algorithm": algorithm}
     element = torch.finfo(DTYPES[dtype]).bits // 8
     inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
     attention = functools.partial(sliding_dilated_attention, algorithm=algorithm)
@@ -205,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="16384,65536", help="sequence lengths T (default: %(default)s)")
     p.add_argument("--chunks", default="2,8", help="chunk sizes C (default: %(default)s)")
     p.add_argument("--dtypes", default="fp32,bf16", help="q/k/v dtypes (default: %(default)s)")
-    p.add_argument("--algorithms", default="auto", help="comma-separated: auto, cpp, shift, blocked (default: %(default)s)")
+    p.add_argument("--algorithms", default="auto",
+                   help="comma-separated: auto, cpp, cpp-tiles, shift, blocked (default: %(default)s)")
     p.add_argument("--heads", type=positive_int, default=8)
     p.add_argument("--head-dim", type=positive_int, default=64)
     p.add_argument("--reps", type=positive_int, default=3)
@@ -223,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [d for d in dtypes if d not in DTYPES]:
         p.error(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPES)}")
     algorithms = args.algorithms.split(",")
-    if bad := [a for a in algorithms if a not in ("auto", "cpp", "shift", "blocked")]:
-        p.error(f"--algorithms: {bad[0]!r} is not one of auto, cpp, shift, blocked")
+    if bad := [a for a in algorithms if a not in ("auto", "cpp", "cpp-tiles", "shift", "blocked")]:
+        p.error(f"--algorithms: {bad[0]!r} is not one of auto, cpp, cpp-tiles, shift, blocked")
     if min(lengths) < 1 or min(chunks) < 2:
         p.error("expected lengths >= 1, chunks >= 2")
     torch.set_num_threads(args.threads)

@@ -10,6 +10,12 @@ instead of the log-sum-exp; dq, dk, dv come in the layout of q, k, v when that i
 without a copy), else contiguous. The backward is a second operator, ``regulargpt::sliding_dilated_cpu_backward``;
 both have fake (meta) implementations, so torch.compile captures them, and `torch.library.opcheck` passes.
 
+Two implementations behind the one operator: on CPUs with AVX-512 the common geometries (queries at every position,
+C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run the head sweep (sliding_dilated_cpu_sweep.h);
+the rest (fp64, tree mode's strided queries, other C or Dh, CPUs without AVX-512) the tiled kernel.
+`head_sweep_available()` says whether this build has the sweep; `with head_sweep(False):` forces the tiles
+(benchmarks compare the two).
+
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
 -fopenmp`, cached under torch's extension directory. The extension's name carries a hash of the source and its header, the flags,
 the torch version and this CPU (machine and /proc/cpuinfo flags), so a home directory shared by different CPUs never
@@ -27,10 +33,10 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-__all__ = ["sliding_dilated_cpu", "extension", "build_error"]
+__all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
-_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool"))  # included by the source
+_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool", "sweep"))  # included by the source
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 STALE_LOCK_SECONDS = 600.0  # a build lock older than this belongs to a killed process
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
@@ -96,6 +102,23 @@ def build_error() -> str | None:
     except RuntimeError as exc:
         return str(exc)
     return None
+
+
+def head_sweep_available() -> bool:
+    """Whether the built extension has the AVX-512 head sweep (False on CPUs without AVX-512 F/BW/DQ/VL)."""
+    return bool(extension().sweep_available())
+
+
+@contextlib.contextmanager
+def head_sweep(enabled: bool):
+    """Within the block the operator uses the head sweep where it applies (True, the default outside) or the tiled
+    kernel everywhere (False). Process-wide: not for use while other threads call the operator."""
+    ext = extension()
+    ext.set_sweep(enabled)
+    try:
+        yield
+    finally:
+        ext.set_sweep(True)
 
 
 @torch.library.custom_op("regulargpt::sliding_dilated_cpu", mutates_args=(), device_types="cpu")

@@ -23,17 +23,21 @@
 // C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key. The
 // forward saves the probabilities P (B, Tq, H, C) in the accumulation type: the backward reads C floats per (query,
 // head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both). Outputs
-// of 1 MiB and more come from a pool of freed ones (Pool): fresh pages cost more than writing them.
+// of 1 MiB and more come from a pool of freed ones (Pool): fresh pages cost more than writing them. On AVX-512 CPUs
+// the common geometries (every-position queries, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16)
+// run one head at a time instead (sliding_dilated_cpu_sweep.h, 1.6-2.4x faster at T = 65536; docs/KERNELS.md).
 #include "sliding_dilated_cpu_vec.h"  // first: it sets at::vec's CPU capability
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "sliding_dilated_cpu_pool.h"  // output buffers reused across calls
+#include "sliding_dilated_cpu_pool.h"   // output buffers reused across calls
+#include "sliding_dilated_cpu_sweep.h"  // the AVX-512 head sweep, for every-position queries
 
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -309,6 +313,143 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
   sdvec::store_fence();
 }
 
+// ---- the head sweep (sliding_dilated_cpu_sweep.h, AVX-512 builds): every-position queries (query_start 0,
+// query_step 1), C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16; everything else takes the tiles
+// above (fp64, strided queries of tree mode, other C and Dh, CPUs without AVX-512).
+std::atomic<bool> sweep_allowed{true};  // off: the tiles take every call (benchmarks compare the two)
+
+#ifdef SD_SWEEP
+using FwdSweep = void (*)(const sdsweep::Unit&, const sdsweep::Source&, const sdsweep::Source&,
+                          const sdsweep::Source&, const sdsweep::Out&);
+using BwdSweep = void (*)(const sdsweep::Unit&, const sdsweep::Source&, const sdsweep::Source&,
+                          const sdsweep::Source&, const sdsweep::Source&, const sdsweep::Out&, const sdsweep::Out&,
+                          const sdsweep::Out&, float*, float*, float*);
+
+template <sdsweep::Kind K, int C>
+std::pair<FwdSweep, BwdSweep> sweep_nv(int64_t nv) {
+  switch (nv) {
+    case 1: return {&sdsweep::forward_unit<K, C, 1>, &sdsweep::backward_unit<K, C, 1>};
+    case 2: return {&sdsweep::forward_unit<K, C, 2>, &sdsweep::backward_unit<K, C, 2>};
+    case 4: return {&sdsweep::forward_unit<K, C, 4>, &sdsweep::backward_unit<K, C, 4>};
+    case 8: return {&sdsweep::forward_unit<K, C, 8>, &sdsweep::backward_unit<K, C, 8>};
+    default: return {nullptr, nullptr};
+  }
+}
+
+template <sdsweep::Kind K>
+std::pair<FwdSweep, BwdSweep> sweep_c(int64_t C, int64_t nv) {
+  switch (C) {
+    case 2: return sweep_nv<K, 2>(nv);
+    case 4: return sweep_nv<K, 4>(nv);
+    case 8: return sweep_nv<K, 8>(nv);
+    case 16: return sweep_nv<K, 16>(nv);
+    default: return {nullptr, nullptr};
+  }
+}
+
+std::pair<FwdSweep, BwdSweep> sweep_of(const Geometry& g, at::ScalarType dtype) {  // {nullptr, nullptr}: tiles
+  const bool eligible = sweep_allowed && g.step == 1 && g.qs == 0 && g.Tq == g.T && g.Dh % 16 == 0;
+  if (!eligible) return {nullptr, nullptr};
+  if (dtype == at::kFloat) return sweep_c<sdsweep::Kind::f32>(g.C, g.Dh / 16);
+  if (dtype == at::kBFloat16) return sweep_c<sdsweep::Kind::bf16>(g.C, g.Dh / 16);
+  if (dtype == at::kHalf) return sweep_c<sdsweep::Kind::f16>(g.C, g.Dh / 16);
+  return {nullptr, nullptr};
+}
+
+template <typename T>
+constexpr sdsweep::Kind kind_of = std::is_same_v<T, float> ? sdsweep::Kind::f32
+                                  : std::is_same_v<T, c10::BFloat16> ? sdsweep::Kind::bf16 : sdsweep::Kind::f16;
+
+template <typename T>  // head h of batch b: rows n at .p + n·.st
+sdsweep::Source source_of(const Rows<const T>& x, int64_t b, int64_t h) {
+  return {x.row(b, 0) + h * x.sh, x.st};
+}
+
+template <typename T>
+sdsweep::Out out_of(const Rows<T>& x, int64_t b, int64_t h) {
+  return {x.row(b, 0) + h * x.sh, x.st};
+}
+
+template <typename T>  // the pad rows of (b, h) in fp32, into buf (2 Dh floats, 64-byte aligned); false: no pads
+bool pads_of(const Inputs<T>& in, const Geometry& g, int64_t b, int64_t h, float* buf) {
+  if (!in.pads) return false;
+  for (const auto& [x, at] : {std::pair{&in.pk, buf}, std::pair{&in.pv, buf + g.Dh}}) {
+    const T* row = x->row(b, 0) + h * x->sh;
+    for (int64_t d = 0; d < g.Dh; d += 16) _mm512_store_ps(at + d, sdsweep::widen16<kind_of<T>>(row + d));
+  }
+  return true;
+}
+
+struct SweepPlan {  // unit = ((b·H + h)·groups + group)·parts + part: G chains, `steps` steps of them
+  int64_t G, groups, steps, parts;
+  int64_t per_batch(const Geometry& g) const { return g.H * groups * parts; }
+};
+
+SweepPlan sweep_plan(const Geometry& g, bool forward) {  // G: the rings of k, v (+ q, dout backward), see kStepRingBytes
+  const int64_t chains = std::min(g.D, g.T), chain_max = (g.T + g.D - 1) / g.D, tensors = forward ? 2 : 4;
+  const int64_t step_bytes = g.C * tensors * g.Dh * 4;  // one chain's C rows in the rings
+  const int64_t G = chains * step_bytes <= sdsweep::kStepRingBytes
+                        ? chains : std::clamp<int64_t>(sdsweep::kChainRingBytes / step_bytes, 1, chains);
+  const int64_t steps = std::max<int64_t>(sdsweep::kSweepRows / G, 1);
+  return {G, (chains + G - 1) / G, steps, (chain_max + steps - 1) / steps};
+}
+
+template <typename T>  // r: rel_bias (H, C), or nullptr (the backward needs none); sets b, h
+sdsweep::Unit sweep_unit(const Geometry& g, const SweepPlan& plan, const Inputs<T>& in, const float* r, float* probs,
+                         int64_t unit, float* pads, int64_t& b, int64_t& h) {
+  const int64_t part = unit % plan.parts, group = unit / plan.parts % plan.groups;
+  h = unit / plan.parts / plan.groups % g.H, b = unit / plan.parts / plan.groups / g.H;
+  const bool has_pads = pads_of(in, g, b, h, pads);
+  const int64_t s0 = group * plan.G, u_lo = part * plan.steps, chain_max = (g.T + g.D - 1) / g.D;
+  return {g.T, g.D, s0, std::min(plan.G, std::min(g.D, g.T) - s0), u_lo, std::min(chain_max, u_lo + plan.steps),
+          float(1.0 / std::sqrt(double(g.Dh))), r ? r + h * g.C : nullptr, has_pads ? pads : nullptr,
+          has_pads ? pads + g.Dh : nullptr, probs + b * g.Tq * g.H * g.C + h * g.C, g.H * g.C};
+}
+
+template <typename T>  // the forward as head-sweep units; false: not this dtype (fp64) or not eligible
+bool run_forward_sweep(const Geometry& g, const Inputs<T>& in, const at::Tensor& r, at::Tensor& out, at::Tensor& probs) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    const FwdSweep sweep = sweep_of(g, out.scalar_type()).first;
+    if (!sweep) return false;
+    const Rows<T> o = rows_of<T>(out);
+    const SweepPlan plan = sweep_plan(g, true);
+    at::parallel_for(0, g.B * plan.per_batch(g), 1, [&](int64_t begin, int64_t end) {
+      alignas(64) float pads[256];
+      for (int64_t unit = begin, b, h; unit < end; ++unit) {
+        const sdsweep::Unit u = sweep_unit(g, plan, in, r.data_ptr<float>(), probs.data_ptr<float>(), unit, pads, b, h);
+        sweep(u, source_of(in.q, b, h), source_of(in.k, b, h), source_of(in.v, b, h), out_of(o, b, h));
+      }
+    });
+    return true;
+  }
+}
+
+template <typename T>  // the backward as head-sweep units, partial sums into part (units in sweep order)
+bool run_backward_sweep(const Geometry& g, const Inputs<T>& in, const Rows<const T>& d_out, const at::Tensor& probs,
+                        at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& part, BwdSweep sweep) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    const Rows<T> gq = rows_of<T>(dq), gk = rows_of<T>(dk), gv = rows_of<T>(dv);
+    const SweepPlan plan = sweep_plan(g, false);
+    const int64_t HC = g.H * g.C, HD = g.H * g.Dh, width = part.size(1);
+    at::parallel_for(0, part.size(0), 1, [&](int64_t begin, int64_t end) {
+      alignas(64) float pads[256];
+      for (int64_t unit = begin, b, h; unit < end; ++unit) {
+        const sdsweep::Unit u = sweep_unit(g, plan, in, nullptr, probs.data_ptr<float>(), unit, pads, b, h);
+        float* at = part.data_ptr<float>() + unit * width;
+        sweep(u, source_of(in.q, b, h), source_of(in.k, b, h), source_of(in.v, b, h), source_of(d_out, b, h),
+              out_of(gq, b, h), out_of(gk, b, h), out_of(gv, b, h), at + h * g.C, at + HC + h * g.Dh,
+              at + HC + HD + h * g.Dh);
+      }
+    });
+    return true;
+  }
+}
+#endif
+
 at::Tensor unit_stride(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 
 std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
@@ -324,6 +465,9 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
     using A = Acc<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(q, k, v, pad_k, pad_v);
+#ifdef SD_SWEEP
+    if (run_forward_sweep<scalar_t>(g, in, r, out, probs)) return;
+#endif
     at::parallel_for(0, g.B * g.per_batch(), 1, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit)
         forward_unit<scalar_t>(g, in, r.data_ptr<A>(), out.data_ptr<scalar_t>(), probs.data_ptr<A>(), unit);
@@ -344,12 +488,22 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
   at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
-  const int64_t HC = g.H * g.C, HD = g.H * g.Dh, units = g.B * g.per_batch(), width = HC + 2 * HD;
+  const int64_t HC = g.H * g.C, HD = g.H * g.Dh, width = HC + 2 * HD;
+#ifdef SD_SWEEP
+  const BwdSweep sweep = sweep_of(g, q.scalar_type()).second;
+#else
+  const void* sweep = nullptr;
+#endif
+  // per unit: dr, dpad_k, dpad_v (a sweep unit fills its head's slices); units in batch order, per_batch per batch
+  const int64_t per_batch = sweep ? sweep_plan(g, false).per_batch(g) : g.per_batch(), units = g.B * per_batch;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
     using A = Acc<scalar_t>;
     const Inputs<scalar_t> in = inputs_of<scalar_t>(q, k, v, pad_k, pad_v);
     const Rows<const scalar_t> d_out = rows_of<const scalar_t>(dout);
+#ifdef SD_SWEEP
+    if (sweep && run_backward_sweep<scalar_t>(g, in, d_out, probs, dq, dk, dv, part, sweep)) return;
+#endif
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit)
         backward_unit<scalar_t>(g, in, d_out, probs.data_ptr<A>(), rows_of<scalar_t>(dq), rows_of<scalar_t>(dk),
@@ -366,7 +520,7 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
       const scalar_t* row = src + unit * width;
       for (int64_t x = 0; x < HC; ++x) dst_r[x] += row[x];
       if (!pad_k) continue;
-      const int64_t at = unit / g.per_batch() * HD;
+      const int64_t at = unit / per_batch * HD;
       for (int64_t x = 0; x < HD; ++x) dst_k[at + x] += row[HC + x], dst_v[at + x] += row[HC + HD + x];
     }
   });
@@ -380,4 +534,12 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sliding-dilated attention forward: (out, probs)");
   m.def("backward", &backward, "sliding-dilated attention backward: (dq, dk, dv, dr, dpad_k, dpad_v)");
+  m.def("set_sweep", [](bool on) { sweep_allowed = on; }, "allow the AVX-512 head sweep (default) or force the tiles");
+  m.def("sweep_available", [] {
+#ifdef SD_SWEEP
+    return true;
+#else
+    return false;
+#endif
+  }, "whether this build has the AVX-512 head sweep");
 }

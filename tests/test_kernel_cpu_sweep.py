@@ -1,0 +1,101 @@
+"""The C++ operator's AVX-512 head sweep (sliding_dilated_cpu_sweep.h) against the dense T×T fp64 reference:
+every C and Dh it takes, dilations that make whole-step rings (G = D) and chain groups (G < D), work-unit
+boundaries (2,048 positions at D = 1), the pads' gradients, bf16 / fp16 rows widened into the rings, and the
+tiled kernel it replaces, forced on the same inputs."""
+
+import itertools
+
+import pytest
+import torch
+
+from regulargpt.kernels import sliding_dilated_cpp
+from regulargpt.kernels.sliding_dilated_cpp import head_sweep, head_sweep_available, sliding_dilated_cpu
+from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention
+
+pytestmark = [
+    pytest.mark.skipif(sliding_dilated_cpp.build_error() is not None, reason="the C++ kernel does not build"),
+    pytest.mark.skipif(sliding_dilated_cpp.build_error() is None and not head_sweep_available(),
+                       reason="this CPU has no AVX-512: the operator runs the tiled kernel only"),
+]
+
+
+def _case(b, t, h, dh, c, pad, seed=0):
+    """fp64 q, k, v (B, T, H, Dh) as views of one projection, r (H, C), pads (B, H, Dh) or Nones, dout."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, t, 3, h, dh, dtype=torch.float64, generator=g)
+    r = torch.randn(h, c, dtype=torch.float64, generator=g) * 0.5
+    pads = [torch.randn(b, h, dh, dtype=torch.float64, generator=g) for _ in range(2)] if pad else [None, None]
+    return qkv, r, pads, torch.randn(b, t, h, dh, dtype=torch.float64, generator=g)
+
+
+def _reference(qkv, r, pads, dout, dilation):
+    """out and the gradients of (out · dout).sum() for qkv, r, pads (fp64, dense T×T softmax)."""
+    leaves = [x.clone().requires_grad_() for x in (qkv, r, *pads) if x is not None]
+    q, k, v = leaves[0].unbind(2)
+    pk, pv = leaves[2:] if pads[0] is not None else (None, None)
+    out = reference_sliding_dilated_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), leaves[1],
+                                              dilation, pk, pv).transpose(1, 2)
+    return [out.detach(), *torch.autograd.grad((out * dout).sum(), leaves)]
+
+
+def _operator(qkv, r, pads, dout, dilation, dtype):
+    """The same through the C++ operator with q, k, v, pads, dout in `dtype` and r in fp32."""
+    low = [x.detach().to(dtype).requires_grad_() for x in (qkv, *pads) if x is not None]
+    r32 = r.float().requires_grad_()
+    q, k, v = low[0].unbind(2)
+    pk, pv = low[1:] if pads[0] is not None else (None, None)
+    out = sliding_dilated_cpu(q, k, v, r32, dilation, pk, pv)
+    assert out.dtype == dtype and out.shape == dout.shape
+    grads = torch.autograd.grad((out.double() * dout).sum(), [low[0], r32, *low[1:]])
+    return [out.detach(), *grads]
+
+
+def _assert_close(got, want, tol, label):
+    for name, g, w in zip(["out", "qkv", "rel_bias", "pad_k", "pad_v"], got, want):
+        err = (g.double() - w).abs().max().item() / max(1.0, w.abs().max().item())
+        assert err < tol, (label, name, err)
+
+
+@pytest.mark.parametrize("c", [2, 4, 8, 16])
+def test_fp32_every_chunk_and_head_dim_against_dense_reference(c):
+    """Dh = 16, 32, 64, 128 (NV = 1, 2, 4, 8 vectors per row); D = 1 (one chain), 3 (T not a multiple of D),
+    C (whole-step rings at C <= 8, chain groups at C = 16) and C² (chain groups: the rings hold G < D chains, the
+    last group narrower); T = 1 and T < D (keys absent everywhere); pads and masks."""
+    for dh, dilation, t, pad in itertools.product((16, 32, 64, 128), sorted({1, 3, c, c * c}), (1, 5, 301),
+                                                   (True, False)):
+        if dh in (32, 128) and dilation not in (1, c):
+            continue  # the wide and narrow rows at the two common dilations keep the test short
+        case = _case(1, t, 2, dh, c, pad, seed=t + dh)
+        _assert_close(_operator(*case, dilation, torch.float32), _reference(*case, dilation), 1e-5,
+                      (c, dh, dilation, t, pad))
+
+
+def test_work_unit_boundaries_and_batches():
+    """T = 4,500 at D = 1 spans three units of 2,048 steps (dk, dv of a unit's last keys gathered from queries it
+    recomputes; dr and the pads summed over units in order); D = 8 at C = 8 and D = 16 at C = 16 across units of
+    256 and 1,024 steps; B = 2 (the pads' gradients per batch)."""
+    for c, dilation, t, b in [(4, 1, 4500, 1), (8, 8, 2100, 2), (16, 16, 2100, 1)]:
+        case = _case(b, t, 1, 16, c, True, seed=c)
+        _assert_close(_operator(*case, dilation, torch.float32), _reference(*case, dilation), 1e-5, (c, dilation, t))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_rows_against_the_reference_of_their_rounded_values(dtype):
+    """bf16 / fp16 rows are widened exactly into the fp32 rings; outputs are rounded once. Against the fp64
+    reference of the same rounded inputs the error is the output rounding (2^-8 relative for bf16) and fp32 sums."""
+    for c, dilation, dh in [(2, 1, 64), (8, 8, 64), (16, 16, 32), (8, 64, 16)]:
+        qkv, r, pads, dout = _case(1, 300, 2, dh, c, True, seed=c)
+        rounded = [x.to(dtype).double() for x in (qkv, *pads)]
+        case = (rounded[0], r.float().double(), rounded[1:], dout)
+        tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+        _assert_close(_operator(*case, dilation, dtype), _reference(*case, dilation), tol, (c, dilation, dtype))
+
+
+def test_tiled_kernel_forced_on_the_sweeps_geometries():
+    """`head_sweep(False)` runs the tiled kernel on inputs the sweep would take: both match the reference, and the
+    switch is back on after the block."""
+    case = _case(1, 700, 2, 64, 8, True)
+    want = _reference(*case, 8)
+    with head_sweep(False):
+        _assert_close(_operator(*case, 8, torch.float32), want, 1e-5, "tiles")
+    _assert_close(_operator(*case, 8, torch.float32), want, 1e-5, "sweep")
