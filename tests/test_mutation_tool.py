@@ -16,7 +16,7 @@ tool = load_script("eval/mutation.py")
 
 def test_every_listed_mutant_applies_once_and_has_tests() -> None:
     mutants = tool.load_mutants(ROOT / "eval" / "mutants.json")
-    assert 40 <= len(mutants) <= 80
+    assert 40 <= len(mutants) <= 120  # the report reruns every mutant: keep it within one sweep
     for m in mutants:
         text = (ROOT / m.file).read_text()
         assert m.apply(text) != text and text.count(m.find) == 1, m
