@@ -489,13 +489,14 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
   at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, width = HC + 2 * HD;
+  // per unit: dr, dpad_k, dpad_v (a sweep unit fills its head's slices); units in batch order, per_batch per batch
 #ifdef SD_SWEEP
   const BwdSweep sweep = sweep_of(g, q.scalar_type()).second;
+  const int64_t per_batch = sweep ? sweep_plan(g, false).per_batch(g) : g.per_batch();
 #else
-  const void* sweep = nullptr;
+  const int64_t per_batch = g.per_batch();
 #endif
-  // per unit: dr, dpad_k, dpad_v (a sweep unit fills its head's slices); units in batch order, per_batch per batch
-  const int64_t per_batch = sweep ? sweep_plan(g, false).per_batch(g) : g.per_batch(), units = g.B * per_batch;
+  const int64_t units = g.B * per_batch;
   at::Tensor part = at::zeros({units, width}, q.options().dtype(acc_type));  // per unit: dr, dpad_k, dpad_v
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_backward", [&] {
     using A = Acc<scalar_t>;
