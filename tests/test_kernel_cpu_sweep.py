@@ -1,4 +1,4 @@
-"""The C++ operator's AVX-512 head sweep (sliding_dilated_cpu_sweep.h) against the dense T×T fp64 reference:
+"""The C++ operator's head sweep (AVX-512 or AVX2 lanes, sliding_dilated_cpu_lanes.h) (sliding_dilated_cpu_sweep.h) against the dense T×T fp64 reference:
 every C and Dh it takes, dilations that make whole-step rings (G = D) and chain groups (G < D), work-unit
 boundaries (2,048 positions at D = 1), the pads' gradients, bf16 / fp16 rows widened into the rings, and the
 tiled kernel it replaces, forced on the same inputs."""
@@ -15,7 +15,7 @@ from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention
 pytestmark = [
     pytest.mark.skipif(sliding_dilated_cpp.build_error() is not None, reason="the C++ kernel does not build"),
     pytest.mark.skipif(sliding_dilated_cpp.build_error() is None and not head_sweep_available(),
-                       reason="this CPU has no AVX-512: the operator runs the tiled kernel only"),
+                       reason="this CPU has neither AVX-512 nor AVX2 + FMA + F16C: the operator runs the tiled kernel only"),
 ]
 
 

@@ -10,9 +10,9 @@ instead of the log-sum-exp; dq, dk, dv come in the layout of q, k, v when that i
 without a copy), else contiguous. The backward is a second operator, ``regulargpt::sliding_dilated_cpu_backward``;
 both have fake (meta) implementations, so torch.compile captures them, and `torch.library.opcheck` passes.
 
-Two implementations behind the one operator: on CPUs with AVX-512 the common geometries (queries at every position,
-C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run the head sweep (sliding_dilated_cpu_sweep.h);
-the rest (fp64, tree mode's strided queries, other C or Dh, CPUs without AVX-512) the tiled kernel.
+Two implementations behind the one operator: on CPUs with AVX-512 or AVX2 + FMA + F16C the common geometries
+(queries at every position, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run the head sweep
+(sliding_dilated_cpu_sweep.h, on the vector lanes of sliding_dilated_cpu_lanes.h); the rest (fp64, tree mode's strided queries, other C or Dh, CPUs without AVX2) the tiled kernel.
 `head_sweep_available()` says whether this build has the sweep; `with head_sweep(False):` forces the tiles
 (benchmarks compare the two).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import platform
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +37,7 @@ from torch import Tensor
 __all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
-_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool", "sweep"))  # included by the source
+_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool", "lanes", "sweep"))  # included by the source
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 STALE_LOCK_SECONDS = 600.0  # a build lock older than this belongs to a killed process
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
@@ -76,7 +77,6 @@ def extension() -> ModuleType:
 def _clear_stale_lock(name: str, max_age_s: float = STALE_LOCK_SECONDS) -> None:
     """Remove the build folder's `lock` when it is older than `max_age_s` (a build takes about a minute): torch
     waits forever on a lock left by a process killed while it built or loaded the extension."""
-    import os
     import time
     import warnings
 
@@ -105,7 +105,7 @@ def build_error() -> str | None:
 
 
 def head_sweep_available() -> bool:
-    """Whether the built extension has the AVX-512 head sweep (False on CPUs without AVX-512 F/BW/DQ/VL)."""
+    """Whether the built extension has the head sweep (AVX-512 F/BW/DQ/VL, or AVX2 + FMA + F16C; False without)."""
     return bool(extension().sweep_available())
 
 

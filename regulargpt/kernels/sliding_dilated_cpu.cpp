@@ -33,7 +33,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "sliding_dilated_cpu_pool.h"   // output buffers reused across calls
-#include "sliding_dilated_cpu_sweep.h"  // the AVX-512 head sweep, for every-position queries
+#include "sliding_dilated_cpu_sweep.h"  // the head sweep (AVX-512 or AVX2 lanes), for every-position queries
 
 
 #include <algorithm>
@@ -313,9 +313,9 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
   sdvec::store_fence();
 }
 
-// ---- the head sweep (sliding_dilated_cpu_sweep.h, AVX-512 builds): every-position queries (query_start 0,
+// ---- the head sweep (sliding_dilated_cpu_sweep.h, AVX-512 or AVX2 + FMA + F16C builds): every-position queries (query_start 0,
 // query_step 1), C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16; everything else takes the tiles
-// above (fp64, strided queries of tree mode, other C and Dh, CPUs without AVX-512).
+// above (fp64, strided queries of tree mode, other C and Dh, CPUs without AVX2).
 std::atomic<bool> sweep_allowed{true};  // off: the tiles take every call (benchmarks compare the two)
 
 #ifdef SD_SWEEP
@@ -375,7 +375,7 @@ bool pads_of(const Inputs<T>& in, const Geometry& g, int64_t b, int64_t h, float
   if (!in.pads) return false;
   for (const auto& [x, at] : {std::pair{&in.pk, buf}, std::pair{&in.pv, buf + g.Dh}}) {
     const T* row = x->row(b, 0) + h * x->sh;
-    for (int64_t d = 0; d < g.Dh; d += 16) _mm512_store_ps(at + d, sdsweep::widen16<kind_of<T>>(row + d));
+    for (int64_t d = 0; d < g.Dh; d += 16) sdlanes::store(at + d, sdlanes::widen16<kind_of<T>>(row + d));
   }
   return true;
 }
@@ -535,12 +535,12 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sliding-dilated attention forward: (out, probs)");
   m.def("backward", &backward, "sliding-dilated attention backward: (dq, dk, dv, dr, dpad_k, dpad_v)");
-  m.def("set_sweep", [](bool on) { sweep_allowed = on; }, "allow the AVX-512 head sweep (default) or force the tiles");
+  m.def("set_sweep", [](bool on) { sweep_allowed = on; }, "allow the head sweep (default) or force the tiles");
   m.def("sweep_available", [] {
 #ifdef SD_SWEEP
     return true;
 #else
     return false;
 #endif
-  }, "whether this build has the AVX-512 head sweep");
+  }, "whether this build has the head sweep (AVX-512 or AVX2 lanes)");
 }
