@@ -41,9 +41,9 @@ using namespace sdlanes;
 
 constexpr int64_t kSweepRows = 2048;      // positions per work unit
 // A unit's rings, C·G rows of each tensor it revisits: whole steps (G = D, sequential reads) when they fit in
-// kStepRingBytes, else G chains within kChainRingBytes (L1). Measured at T = 65536, H = 8, Dh = 64, fp32
-// (docs/KERNELS.md): C = D = 8 is fastest with whole steps, C = D = 16 with G = 2 forward, 1 backward.
-constexpr int64_t kStepRingBytes = 64 << 10, kChainRingBytes = 16 << 10;
+// kStepRingBytes (L2), else G chains within kChainRingBytes (L1). Measured at T = 65536, H = 8, Dh = 64, fp32, on
+// AVX2 (docs/KERNELS.md): whole steps beat G = 2 chains 0.7x at C = D = 16 forward; backward G = 1 is fastest there.
+constexpr int64_t kStepRingBytes = 128 << 10, kChainRingBytes = 16 << 10;
 
 struct Source {  // one tensor's rows of head h in batch b: row n at p + n·st elements
   const void* p;
@@ -162,7 +162,9 @@ struct Unit {  // batch b, head h (the rows below are already those of (b, h)), 
   int64_t probs_st;
 };
 
-constexpr int64_t kAheadRows = 16;  // rows are prefetched about this many positions before their step
+// Rows are prefetched about this many positions ahead, one position per query visited: a burst of a whole step's
+// prefetches fills the miss queue and stalls (spread out: 0.8x the time at C = D = 8, T = 65536).
+constexpr int64_t kAheadRows = 16;
 
 template <Kind K, int C, int NV>
 void forward_unit(const Unit& u, const Source& q, const Source& k, const Source& v, const Out& out) {
@@ -176,10 +178,10 @@ void forward_unit(const Unit& u, const Source& q, const Source& k, const Source&
   for (int64_t step = from_step, su = from_step % C; step < u.u_hi; ++step, su = su + 1 == C ? 0 : su + 1) {
     const int64_t base = u.s0 + step * D, width = std::min(G, u.T - base);
     if (width <= 0) break;
-    for (int64_t c = 0, pa = base + ahead * D; c < G && pa + c < u.T; ++c)
-      prefetch_row<K>(q, pa + c, Dh), prefetch_row<K>(k, pa + c, Dh), prefetch_row<K>(v, pa + c, Dh);
     for (int64_t c = 0; c < width; ++c) {
       const int64_t p = base + c;
+      if (const int64_t pa = p + ahead * D; pa < u.T)
+        prefetch_row<K>(q, pa, Dh), prefetch_row<K>(k, pa, Dh), prefetch_row<K>(v, pa, Dh);
       widen_row<K>(k, p, Dh, ring_k + (su * G + c) * Dh), widen_row<K>(v, p, Dh, ring_v + (su * G + c) * Dh);
       if (step < u.u_lo) continue;  // a step before the unit's: its keys only
       F x[NV], y[NV];
@@ -237,13 +239,13 @@ void backward_unit(const Unit& u, const Source& q, const Source& k, const Source
   for (int64_t step = from_step, su = from_step % C; step < u_end; ++step, su = su + 1 == C ? 0 : su + 1) {
     const int64_t base = u.s0 + step * D, width = std::min(G, u.T - base);
     if (width <= 0) break;
-    for (int64_t c = 0, pa = base + ahead * D; c < G && pa + c < u.T; ++c) {
-      prefetch_row<K>(q, pa + c, Dh), prefetch_row<K>(k, pa + c, Dh), prefetch_row<K>(v, pa + c, Dh);
-      prefetch_row<K>(dout, pa + c, Dh);
-      _mm_prefetch(reinterpret_cast<const char*>(u.probs + (pa + c) * u.probs_st), _MM_HINT_T0);
-    }
     for (int64_t c = 0; c < width; ++c) {
       const int64_t p = base + c, slot = su * G + c;
+      if (const int64_t pa = p + ahead * D; pa < u.T) {
+        prefetch_row<K>(q, pa, Dh), prefetch_row<K>(k, pa, Dh), prefetch_row<K>(v, pa, Dh);
+        prefetch_row<K>(dout, pa, Dh);
+        _mm_prefetch(reinterpret_cast<const char*>(u.probs + pa * u.probs_st), _MM_HINT_T0);
+      }
       widen_row<K>(k, p, Dh, ring_k + slot * Dh), widen_row<K>(v, p, Dh, ring_v + slot * Dh);
       if (step < u.u_lo) continue;  // a step before the unit's: its keys only
       widen_row<K>(q, p, Dh, ring_q + slot * Dh), widen_row<K>(dout, p, Dh, ring_g + slot * Dh);
