@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
-from regulargpt.kernels.sliding_dilated_cpp import head_sweep  # noqa: E402
+from regulargpt.kernels.sliding_dilated_cpp import head_sweep, head_sweep_isa  # noqa: E402
 from regulargpt.model import sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import provenance, stamp_lines  # noqa: E402
 
@@ -170,7 +170,8 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
     best = max(bandwidth.values())
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
-             f"B = 1; median of {args.reps} forward+backward passes", "",
+             f"B = 1; median of {args.reps} forward+backward passes",
+             f"- Head sweep (the `cpp` rows): {head_sweep_isa()} lanes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
              f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s. Measured fp32 matmul "
              f"rate (1536³, best of {max(args.reps, 3)}): {gflops:.1f} GFLOP/s, the compute floor's rate.", "",

@@ -1,12 +1,13 @@
 """The C++ operator's source builds wherever a compiler is: on this machine (the other kernel tests skip when the
 build fails, so a build error must fail here), and, on x86, for both instruction sets it has code paths for:
-x86-64-v3 (AVX2: the tiled kernel only) and x86-64-v4 (AVX-512: the head sweep too). A name used outside its
-`#ifdef SD_SWEEP` compiles on one machine and breaks the build on the other."""
+x86-64-v3 (AVX2: the head sweep on two 256-bit registers per 16 lanes) and x86-64-v4 (AVX-512: one register). A
+name used outside its `#ifdef SD_SWEEP` compiles on one machine and breaks the build on the other."""
 
 from __future__ import annotations
 
 import platform
 import shutil
+from pathlib import Path
 import subprocess
 import sysconfig
 
@@ -21,6 +22,16 @@ pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler on thi
 
 def test_the_operator_builds_on_this_machine() -> None:
     assert sliding_dilated_cpp.build_error() is None, sliding_dilated_cpp.build_error()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists() or platform.machine() != "x86_64", reason="x86 Linux flags")
+def test_the_sweep_reports_the_instruction_set_this_cpu_has() -> None:
+    """-march=native: AVX-512 F/BW/DQ/VL give the 512-bit sweep, else AVX2 + FMA + F16C the 256-bit one, else none."""
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    expected = ("AVX-512" if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(flags)
+                else "AVX2" if {"avx2", "fma", "f16c"} <= set(flags) else "none")
+    assert sliding_dilated_cpp.head_sweep_isa() == expected
+    assert sliding_dilated_cpp.head_sweep_available() == (expected != "none")
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 instruction-set levels")

@@ -13,7 +13,7 @@ both have fake (meta) implementations, so torch.compile captures them, and `torc
 Two implementations behind the one operator: on CPUs with AVX-512 or AVX2 + FMA + F16C the common geometries
 (queries at every position, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run the head sweep
 (sliding_dilated_cpu_sweep.h, on the vector lanes of sliding_dilated_cpu_lanes.h); the rest (fp64, tree mode's strided queries, other C or Dh, CPUs without AVX2) the tiled kernel.
-`head_sweep_available()` says whether this build has the sweep; `with head_sweep(False):` forces the tiles
+`head_sweep_available()` says whether this build has the sweep, `head_sweep_isa()` on which instructions; `with head_sweep(False):` forces the tiles
 (benchmarks compare the two).
 
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
@@ -34,7 +34,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-__all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep"]
+__all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep_isa", "head_sweep"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
 _HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool", "lanes", "sweep"))  # included by the source
@@ -107,6 +107,12 @@ def build_error() -> str | None:
 def head_sweep_available() -> bool:
     """Whether the built extension has the head sweep (AVX-512 F/BW/DQ/VL, or AVX2 + FMA + F16C; False without)."""
     return bool(extension().sweep_available())
+
+
+def head_sweep_isa() -> str:
+    """The instruction set the head sweep runs on in this build: "AVX-512", "AVX2" (two 256-bit registers per 16
+    lanes) or "none" (every call takes the tiles)."""
+    return {512: "AVX-512", 256: "AVX2"}.get(int(extension().sweep_lanes()), "none")
 
 
 @contextlib.contextmanager

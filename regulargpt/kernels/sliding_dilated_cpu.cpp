@@ -543,4 +543,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   }, "whether this build has the head sweep (AVX-512 or AVX2 lanes)");
+  m.def("sweep_lanes", [] {
+#ifdef SD_SWEEP
+    return SD_LANES;
+#else
+    return 0;
+#endif
+  }, "the head sweep's register width in bits: 512 (AVX-512), 256 (AVX2), 0 (no sweep)");
 }
