@@ -14,7 +14,8 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
    that fusing would remove.
 
-Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best measured bandwidth; time ÷ the compute
+Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best measured bandwidth (and ÷ the triad
+measured again just before that configuration's rows: bandwidth drifts on shared machines); time ÷ the compute
 floor, 12·B·H·T·C·Dh FLOPs (:func:`kernel_flops`) at the measured fp32 matmul rate (at large C the kernel has more
 FLOPs than bytes: the compute floor can exceed a multiple of the memory floor); and the op traffic as a multiple
 of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32: 8 · 65536 · 512 · 4 B =
@@ -175,14 +176,19 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
              f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s. Measured fp32 matmul "
              f"rate (1536³, best of {max(args.reps, 3)}): {gflops:.1f} GFLOP/s, the compute floor's rate.", "",
-             "| T | C | dtype | algorithm | fwd+bwd ms | memory floor ms | time ÷ memory floor | compute floor ms | "
-             "time ÷ compute floor | max(floors) ÷ memory floor |", "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| T | C | dtype | algorithm | fwd+bwd ms | memory floor ms | time ÷ memory floor | triad beside the row GB/s | "
+             "time ÷ floor at it | compute floor ms | time ÷ compute floor | max(floors) ÷ memory floor |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         floor_ms, compute_ms = r["floor_bytes"] / best / 1e6, r["flops"] / gflops / 1e6
+        now_ms = r["floor_bytes"] / r["bandwidth_now"] / 1e6
         lines.append(f"| {r['t']:,} | {r['chunk']} | {r['dtype']} | {r['algorithm']} | {r['seconds'] * 1e3:.1f} | "
-                     f"{floor_ms:.1f} | {r['seconds'] * 1e3 / floor_ms:.1f}× | {compute_ms:.1f} | "
+                     f"{floor_ms:.1f} | {r['seconds'] * 1e3 / floor_ms:.1f}× | {r['bandwidth_now']:.1f} | "
+                     f"{r['seconds'] * 1e3 / now_ms:.1f}× | {compute_ms:.1f} | "
                      f"{r['seconds'] * 1e3 / compute_ms:.1f}× | {max(floor_ms, compute_ms) / floor_ms:.1f}× |")
-    lines += ["", "*compute floor*: 12·B·H·T·C·Dh FLOPs (forward scores and output, backward dP, dq, dk, dv) at the "
+    lines += ["", "*triad beside the row*: the triad (best of 2) measured again just before the rows of this (T, C, "
+              "dtype), against drift on a shared machine; *time ÷ floor at it* uses it instead of the run's best.",
+              "", "*compute floor*: 12·B·H·T·C·Dh FLOPs (forward scores and output, backward dP, dq, dk, dv) at the "
               "measured matmul rate; a kernel cannot beat the larger floor, so where *max(floors) ÷ memory floor* "
               "exceeds a target's multiple of the memory floor, that target is out of reach on this machine.", "",
               "Traffic:", "",
@@ -245,11 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for dtype in dtypes:
         for t in lengths:
-            for chunk, algorithm in itertools.product(chunks, algorithms):
-                rows.append(measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile, algorithm))
-                r = rows[-1]
-                print(f"T={t} C={chunk} {dtype} {algorithm}: {r['seconds'] * 1e3:.1f} ms, "
-                      f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, {r['ops']} ops", flush=True)
+            for chunk in chunks:
+                # the triad again beside each configuration's rows: on a shared VM bandwidth drifts over minutes
+                local = max(stream_bandwidth(args.stream_gib, reps=2).values())
+                for algorithm in algorithms:
+                    rows.append({**measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile,
+                                           algorithm), "bandwidth_now": local})
+                    r = rows[-1]
+                    print(f"T={t} C={chunk} {dtype} {algorithm}: {r['seconds'] * 1e3:.1f} ms, "
+                          f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, "
+                          f"{r['seconds'] * local * 1e9 / r['floor_bytes']:.1f}x at {local:.1f} GB/s now, {r['ops']} ops",
+                          flush=True)
     atomic_write_text(args.out, render(rows, bandwidth, args, command, gflops))
     print(f"wrote {args.out}")
     return 0

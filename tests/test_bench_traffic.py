@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,5 +38,16 @@ def test_report_and_bad_flags(tmp_path: Path) -> None:
     text = out.read_text()
     assert "| 128 | 2 | fp32 |" in text and "Measured bandwidth" in text and "— | — | — |" in text
     assert "GFLOP/s, the compute floor's rate" in text and "time ÷ compute floor" in text
+    assert "triad beside the row GB/s" in text
     with pytest.raises(SystemExit):
         bench.main(["--dtypes", "fp16", "--out", str(out)])
+
+
+def test_floor_at_the_triad_beside_the_row_by_hand() -> None:
+    """1e9 bytes in 0.1 s: at the run's best 40 GB/s the floor is 25 ms (4.0×); at 20 GB/s measured beside the row,
+    50 ms (2.0×)."""
+    row = {"t": 65536, "chunk": 8, "dtype": "fp32", "algorithm": "cpp", "seconds": 0.1, "floor_bytes": 10**9,
+           "flops": 10**9, "ops": 22, "op_bytes": 10**9, "bandwidth_now": 20.0}
+    args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0)
+    text = bench.render([row], {"copy": 30.0, "triad": 40.0}, args, "python eval/bench_traffic.py", 100.0)
+    assert "| 65,536 | 8 | fp32 | cpp | 100.0 | 25.0 | 4.0× | 20.0 | 2.0× | 10.0 | 10.0× | 1.0× |" in text
