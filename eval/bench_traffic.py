@@ -5,7 +5,8 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
    copy ``b[:] = a`` moves 2·n·4 bytes, triad ``a = b + s·c`` moves 3·n·4 bytes;
 2. counts the bytes a forward+backward must move at least once: q, k, v, out, dout, dq, dk, dv (8 tensors of
    B·H·T·Dh elements), the pads and their gradients (4·B·H·Dh) and the window scalars and theirs (2·H·C fp32);
-3. times the kernel forward+backward (``out.backward(dout)``, dout allocated outside the timing), median of `--reps`,
+3. times the kernel forward+backward (``out.backward(dout)``, dout allocated outside the timing), median of `--reps`
+   taken in rotation over the algorithms (one repetition of each, then the next),
    eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, cpp-tiles,
    shift, blocked; the fused C++ operator "cpp" is auto's choice on CPU; "cpp-tiles" is the same operator with its
    AVX-512 head sweep switched off, i.e. the tiled kernel on every geometry);
@@ -30,8 +31,8 @@ of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-import itertools
 import shlex
 import statistics
 import sys
@@ -139,30 +140,59 @@ def op_traffic(inputs: tuple, chunk: int, element: int, attention=sliding_dilate
     return ops, elements * element
 
 
+def _sweep_setting(algorithm: str):
+    """The context an algorithm runs in: "cpp-tiles" is "cpp" with the head sweep off."""
+    return head_sweep(False) if algorithm == "cpp-tiles" else contextlib.nullcontext()
+
+
+def timed_in_rotation(inputs: tuple, chunk: int, reps: int, algorithms: list[str]) -> dict[str, float]:
+    """Median forward+backward seconds per algorithm, repetitions taken in rotation (the 1st of each algorithm, then
+    the 2nd, ...): a drift of the machine's speed during the run reaches every algorithm alike, so their ratios hold."""
+    calls = {a: functools.partial(sliding_dilated_attention, algorithm="cpp" if a == "cpp-tiles" else a)
+             for a in algorithms}
+
+    def once(algorithm: str) -> float:
+        with _sweep_setting(algorithm):
+            start = time.perf_counter()
+            forward_backward(inputs, chunk, calls[algorithm])
+            return time.perf_counter() - start
+
+    for algorithm in algorithms:  # warm-up
+        once(algorithm)
+    times: dict[str, list[float]] = {a: [] for a in algorithms}
+    for _ in range(reps):
+        for algorithm in algorithms:
+            times[algorithm].append(once(algorithm))
+    return {a: statistics.median(ts) for a, ts in times.items()}
+
+
 def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int, compiled: bool,
-            algorithm: str = "auto") -> dict:
-    """Eager (and with `compiled`, ``torch.compile``d: Inductor's fused C++ loops) forward+backward times, the
-    floor's bytes and the eager ops' traffic at one (T, C, dtype); compiled outputs are checked against eager.
-    ``algorithm="cpp-tiles"``: the C++ operator with its head sweep off (`head_sweep(False)`)."""
-    if algorithm == "cpp-tiles":
-        with head_sweep(False):
-            return {**measure(t, chunk, dtype, heads, head_dim, reps, compiled, "cpp"), "algorithm": algorithm}
+            algorithms: list[str]) -> list[dict]:
+    """One row per algorithm at one (T, C, dtype), on the same inputs: eager forward+backward time (in rotation,
+    :func:`timed_in_rotation`), the floor's bytes, the eager ops' traffic, and with `compiled` the
+    ``torch.compile``d time (Inductor's fused C++ loops), its output checked against eager.
+    ``"cpp-tiles"``: the C++ operator with its head sweep off (`head_sweep(False)`)."""
     element = torch.finfo(DTYPES[dtype]).bits // 8
     inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
-    attention = functools.partial(sliding_dilated_attention, algorithm=algorithm)
-    row = {"t": t, "chunk": chunk, "dtype": dtype, "algorithm": algorithm, "seconds": _timed(inputs, chunk, reps, attention),
-           "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element),
-           "flops": kernel_flops(1, heads, t, head_dim, chunk)}
-    row["ops"], row["op_bytes"] = op_traffic(inputs, chunk, element, attention)
-    if compiled:
-        torch._dynamo.reset()
-        fused = torch.compile(attention, dynamic=False)
-        q, k, v, pad_k, pad_v, rel_bias, _ = inputs
-        with torch.no_grad():
-            gap = (fused(q, k, v, rel_bias, chunk, pad_k, pad_v).float()
-                   - sliding_dilated_attention(q, k, v, rel_bias, chunk, pad_k, pad_v).float()).abs().max().item()
-        row["compiled_seconds"], row["compiled_max_abs_diff"] = _timed(inputs, chunk, reps, fused), gap
-    return row
+    seconds = timed_in_rotation(inputs, chunk, reps, algorithms)
+    rows = []
+    for algorithm in algorithms:
+        attention = functools.partial(sliding_dilated_attention, algorithm="cpp" if algorithm == "cpp-tiles" else algorithm)
+        row = {"t": t, "chunk": chunk, "dtype": dtype, "algorithm": algorithm, "seconds": seconds[algorithm],
+               "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element),
+               "flops": kernel_flops(1, heads, t, head_dim, chunk)}
+        with _sweep_setting(algorithm):
+            row["ops"], row["op_bytes"] = op_traffic(inputs, chunk, element, attention)
+            if compiled:
+                torch._dynamo.reset()
+                fused = torch.compile(attention, dynamic=False)
+                q, k, v, pad_k, pad_v, rel_bias, _ = inputs
+                with torch.no_grad():
+                    gap = (fused(q, k, v, rel_bias, chunk, pad_k, pad_v).float()
+                           - sliding_dilated_attention(q, k, v, rel_bias, chunk, pad_k, pad_v).float()).abs().max().item()
+                row["compiled_seconds"], row["compiled_max_abs_diff"] = _timed(inputs, chunk, reps, fused), gap
+        rows.append(row)
+    return rows
 
 
 def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespace, command: str,
@@ -171,7 +201,7 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
     best = max(bandwidth.values())
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
-             f"B = 1; median of {args.reps} forward+backward passes",
+             f"B = 1; median of {args.reps} forward+backward passes, taken in rotation over the algorithms",
              f"- Head sweep (the `cpp` rows): {head_sweep_isa()} lanes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
              f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s. Measured fp32 matmul "
@@ -254,11 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             for chunk in chunks:
                 # the triad again beside each configuration's rows: on a shared VM bandwidth drifts over minutes
                 local = max(stream_bandwidth(args.stream_gib, reps=2).values())
-                for algorithm in algorithms:
-                    rows.append({**measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile,
-                                           algorithm), "bandwidth_now": local})
-                    r = rows[-1]
-                    print(f"T={t} C={chunk} {dtype} {algorithm}: {r['seconds'] * 1e3:.1f} ms, "
+                for r in measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile, algorithms):
+                    rows.append({**r, "bandwidth_now": local})
+                    print(f"T={t} C={chunk} {dtype} {r['algorithm']}: {r['seconds'] * 1e3:.1f} ms, "
                           f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, "
                           f"{r['seconds'] * local * 1e9 / r['floor_bytes']:.1f}x at {local:.1f} GB/s now, {r['ops']} ops",
                           flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,3 +52,24 @@ def test_floor_at_the_triad_beside_the_row_by_hand() -> None:
     args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0)
     text = bench.render([row], {"copy": 30.0, "triad": 40.0}, args, "python eval/bench_traffic.py", 100.0)
     assert "| 65,536 | 8 | fp32 | cpp | 100.0 | 25.0 | 4.0× | 20.0 | 2.0× | 10.0 | 10.0× | 1.0× |" in text
+
+
+def test_repetitions_rotate_over_the_algorithms_and_tiles_run_with_the_sweep_off(monkeypatch) -> None:
+    """reps = 2 over (cpp, cpp-tiles): warm-up of each, then cpp, tiles, cpp, tiles; the tiles' calls are cpp
+    with head_sweep(False) around them."""
+    sweep_on, calls = [True], []
+
+    @contextlib.contextmanager
+    def recording_head_sweep(enabled: bool):
+        sweep_on[0] = enabled
+        try:
+            yield
+        finally:
+            sweep_on[0] = True
+
+    monkeypatch.setattr(bench, "head_sweep", recording_head_sweep)
+    monkeypatch.setattr(bench, "forward_backward",
+                        lambda inputs, chunk, attention: calls.append((attention.keywords["algorithm"], sweep_on[0])))
+    medians = bench.timed_in_rotation((), 2, 2, ["cpp", "cpp-tiles"])
+    assert calls == [("cpp", True), ("cpp", False)] * 3
+    assert set(medians) == {"cpp", "cpp-tiles"} and all(m >= 0 for m in medians.values())
