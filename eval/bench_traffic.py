@@ -9,7 +9,7 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
    taken in rotation over the algorithms (one repetition of each, then the next),
    eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, cpp-tiles,
    shift, blocked; the fused C++ operator "cpp" is auto's choice on CPU; "cpp-tiles" is the same operator with its
-   AVX-512 head sweep switched off, i.e. the tiled kernel on every geometry);
+   head sweep switched off, i.e. the tiled kernel on every geometry);
 4. profiles one forward+backward with ``torch.profiler`` (shapes recorded): the number of leaf ATen ops and the
    bytes their inputs hold (Σ over leaf ops of the elements of every tensor input × the element size of the run's
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
@@ -145,11 +145,15 @@ def _sweep_setting(algorithm: str):
     return head_sweep(False) if algorithm == "cpp-tiles" else contextlib.nullcontext()
 
 
+def _attention(algorithm: str):
+    """sliding_dilated_attention with `algorithm` ("cpp-tiles": "cpp", to run inside :func:`_sweep_setting`)."""
+    return functools.partial(sliding_dilated_attention, algorithm="cpp" if algorithm == "cpp-tiles" else algorithm)
+
+
 def timed_in_rotation(inputs: tuple, chunk: int, reps: int, algorithms: list[str]) -> dict[str, float]:
     """Median forward+backward seconds per algorithm, repetitions taken in rotation (the 1st of each algorithm, then
     the 2nd, ...): a drift of the machine's speed during the run reaches every algorithm alike, so their ratios hold."""
-    calls = {a: functools.partial(sliding_dilated_attention, algorithm="cpp" if a == "cpp-tiles" else a)
-             for a in algorithms}
+    calls = {a: _attention(a) for a in algorithms}
 
     def once(algorithm: str) -> float:
         with _sweep_setting(algorithm):
@@ -177,7 +181,7 @@ def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int
     seconds = timed_in_rotation(inputs, chunk, reps, algorithms)
     rows = []
     for algorithm in algorithms:
-        attention = functools.partial(sliding_dilated_attention, algorithm="cpp" if algorithm == "cpp-tiles" else algorithm)
+        attention = _attention(algorithm)
         row = {"t": t, "chunk": chunk, "dtype": dtype, "algorithm": algorithm, "seconds": seconds[algorithm],
                "floor_bytes": floor_bytes(1, heads, t, head_dim, chunk, element),
                "flops": kernel_flops(1, heads, t, head_dim, chunk)}

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import platform
 import shutil
-from pathlib import Path
 import subprocess
 import sysconfig
+from pathlib import Path
 
 import pytest
 from torch.utils.cpp_extension import include_paths

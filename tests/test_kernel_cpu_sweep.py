@@ -1,7 +1,7 @@
-"""The C++ operator's head sweep (AVX-512 or AVX2 lanes, sliding_dilated_cpu_lanes.h) (sliding_dilated_cpu_sweep.h) against the dense T×T fp64 reference:
-every C and Dh it takes, dilations that make whole-step rings (G = D) and chain groups (G < D), work-unit
-boundaries (2,048 positions at D = 1), the pads' gradients, bf16 / fp16 rows widened into the rings, and the
-tiled kernel it replaces, forced on the same inputs."""
+"""The C++ operator's head sweep (sliding_dilated_cpu_sweep.h, on AVX-512 or AVX2 lanes) against the dense T×T
+fp64 reference: every C and Dh it takes, dilations that make whole-step rings (G = D) and chain groups (G < D),
+work-unit boundaries (2,048 positions at D = 1), the pads' gradients, bf16 / fp16 rows widened into the rings, and
+the tiled kernel it replaces, forced on the same inputs."""
 
 import itertools
 

@@ -12,8 +12,9 @@ both have fake (meta) implementations, so torch.compile captures them, and `torc
 
 Two implementations behind the one operator: on CPUs with AVX-512 or AVX2 + FMA + F16C the common geometries
 (queries at every position, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run the head sweep
-(sliding_dilated_cpu_sweep.h, on the vector lanes of sliding_dilated_cpu_lanes.h); the rest (fp64, tree mode's strided queries, other C or Dh, CPUs without AVX2) the tiled kernel.
-`head_sweep_available()` says whether this build has the sweep, `head_sweep_isa()` on which instructions; `with head_sweep(False):` forces the tiles
+(sliding_dilated_cpu_sweep.h, on the vector lanes of sliding_dilated_cpu_lanes.h); the rest (fp64, tree mode's
+strided queries, other C or Dh, CPUs without AVX2) the tiled kernel. `head_sweep_available()` says whether this
+build has the sweep, `head_sweep_isa()` on which instructions; `with head_sweep(False):` forces the tiles
 (benchmarks compare the two).
 
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
