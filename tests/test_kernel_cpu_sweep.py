@@ -99,3 +99,27 @@ def test_tiled_kernel_forced_on_the_sweeps_geometries():
     with head_sweep(False):
         _assert_close(_operator(*case, 8, torch.float32), want, 1e-5, "tiles")
     _assert_close(_operator(*case, 8, torch.float32), want, 1e-5, "sweep")
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["head-sweep", "tiles"])
+@pytest.mark.parametrize("pad", [True, False])
+def test_saved_probabilities_are_per_head_rows_of_the_softmax(sweep, pad):
+    """The forward's second output, the P the backward reads, is (B, H, Tq, C): P[b, h, i, j] the softmax weight of
+    key i - j·D, from a per-(query, head) loop over the keys; an absent key (i - j·D < 0) scores the pad row, or has
+    weight 0 without pads. Both implementations, which must agree on the layout the backward reads."""
+    b, t, h, dh, c, dilation = 2, 37, 3, 16, 4, 3
+    qkv, r, pads, _ = _case(b, t, h, dh, c, pad, seed=5)
+    q, k, v = (x.float() for x in qkv.unbind(2))
+    pk, pv = (x.float() if x is not None else None for x in pads)
+    with head_sweep(sweep):
+        _, probs = sliding_dilated_cpp.extension().forward(q, k, v, r.float(), pk, pv, dilation, 0, 1)
+    assert probs.shape == (b, h, t, c) and probs.dtype == torch.float32
+    want = torch.zeros(b, h, t, c, dtype=torch.float64)
+    for bi, hi, i in itertools.product(range(b), range(h), range(t)):
+        scores = []
+        for j in range(c):
+            key = k[bi, i - j * dilation, hi] if i - j * dilation >= 0 else (pk[bi, hi] if pad else None)
+            scores.append(float(q[bi, i, hi].double() @ key.double()) / dh**0.5 + float(r[hi, j]) if key is not None
+                          else float("-inf"))
+        want[bi, hi, i] = torch.tensor(scores, dtype=torch.float64).softmax(0)
+    torch.testing.assert_close(probs.double(), want, atol=1e-5, rtol=0)

@@ -5,7 +5,7 @@ Operator (the contract of `regulargpt.kernels`), query i at position p_i = query
     out[b, i, h] = Σ_j P[b, i, h, j] · v[b, p_i − j·D, h],   P = softmax_j(q·k[b, p_i − j·D, h] / sqrt(Dh) + r[h, j])
 
 q (B, Tq, H, Dh), k, v (B, T, H, Dh) in the projection's layout, read in place; out (B, Tq, H, Dh) contiguous.
-The forward also returns the probabilities P (B, Tq, H, C) (fp32, fp64 for fp64 inputs), saved for the backward
+The forward also returns the probabilities P (B, H, Tq, C) (fp32, fp64 for fp64 inputs), saved for the backward
 instead of the log-sum-exp; dq, dk, dv come in the layout of q, k, v when that is dense (so autograd keeps them
 without a copy), else contiguous. The backward is a second operator, ``regulargpt::sliding_dilated_cpu_backward``;
 both have fake (meta) implementations, so torch.compile captures them, and `torch.library.opcheck` passes.
@@ -150,7 +150,7 @@ def _acc_dtype(x: Tensor) -> torch.dtype:
 @_forward.register_fake
 def _forward_fake(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step):
     b, tq, h, dh = q.shape
-    return q.new_empty(b, tq, h, dh), q.new_empty(b, tq, h, rel_bias.shape[1], dtype=_acc_dtype(q))
+    return q.new_empty(b, tq, h, dh), q.new_empty(b, h, tq, rel_bias.shape[1], dtype=_acc_dtype(q))
 
 
 @_backward.register_fake

@@ -21,8 +21,9 @@
 // the keys of step u - C + 1 collect from them. dr and dpad are per-unit partial sums, reduced once in unit order: no
 // atomics, a rerun is bit-identical, with any thread count. Out-of-range keys (u < j) only occur in a chain's first
 // C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key. The
-// forward saves the probabilities P (B, Tq, H, C) in the accumulation type: the backward reads C floats per (query,
-// head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both). Outputs
+// forward saves the probabilities P (B, H, Tq, C) in the accumulation type (a head's C floats per query adjacent: the
+// sweep streams them; in (B, Tq, H, C) two heads shared each cache line, read and written twice, 0.8-0.9x the time at
+// T = 65536): the backward reads C floats per (query, head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both). Outputs
 // of 1 MiB and more come from a pool of freed ones (Pool): fresh pages cost more than writing them. On AVX-512 CPUs
 // the common geometries (every-position queries, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16)
 // run one head at a time instead (sliding_dilated_cpu_sweep.h, 1.6-2.4x faster at T = 65536; docs/KERNELS.md).
@@ -221,7 +222,7 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
       if (i < 0) continue;
       widen(sq, b, g.staged ? row : i, g, qbuf.data());  // a copy even in fp32: all heads' loads in flight at once
       const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
-      A* pr = probs + (b * g.Tq + i) * HC;
+      const auto pr = [&](int64_t h) { return probs + ((b * g.H + h) * g.Tq + i) * C; };  // P of (query i, head h)
       for (int64_t h = 0; h < g.H; ++h) {
         for (int64_t j = 0; j < m; ++j) x[j] = rows[j] + h * g.Dh;
         sdvec::dots<A>(qbuf.data() + h * g.Dh, x.data(), m, g.Dh, e.data() + h * C);
@@ -236,9 +237,9 @@ void forward_unit(const Geometry& g, const Inputs<T>& in, const Acc<T>* r, T* ou
       for (int64_t h = 0; h < g.H; ++h) {
         A sum = 0;
         for (int64_t j = 0; j < C; ++j) sum += e[h * C + j];
-        for (int64_t j = 0; j < C; ++j) pr[h * C + j] = e[h * C + j] / sum;
+        for (int64_t j = 0; j < C; ++j) pr(h)[j] = e[h * C + j] / sum;
         for (int64_t j = 0; j < m; ++j) x[j] = rows[j] + V + h * g.Dh;  // the values: block v
-        sdvec::combine(out + (b * g.Tq + i) * HD + h * g.Dh, pr + h * C, x.data(), m, g.Dh);
+        sdvec::combine(out + (b * g.Tq + i) * HD + h * g.Dh, pr(h), x.data(), m, g.Dh);
       }
     }
   }
@@ -278,7 +279,8 @@ void backward_unit(const Geometry& g, const Inputs<T>& in, const Rows<const T>& 
         A *P = ring_p.data() + slot * HC, *dS = ring_ds.data() + slot * HC, *qa = ring_q + slot * HD, *da = ring_do + slot * HD;
         widen(sq, b, qrow, g, qa), widen(sd, b, qrow, g, da);
         const int64_t m = window(g, u, su, c, in.pads, ring_k, rows.data());
-        std::copy(probs + (b * g.Tq + i) * HC, probs + (b * g.Tq + i + 1) * HC, P);
+        for (int64_t h = 0; h < g.H; ++h)
+          std::copy_n(probs + ((b * g.H + h) * g.Tq + i) * C, C, P + h * C);
         const bool owned = u < t.hi;
         for (int64_t h = 0; h < g.H; ++h) {
           A delta = 0;
@@ -403,7 +405,7 @@ sdsweep::Unit sweep_unit(const Geometry& g, const SweepPlan& plan, const Inputs<
   const int64_t s0 = group * plan.G, u_lo = part * plan.steps, chain_max = (g.T + g.D - 1) / g.D;
   return {g.T, g.D, s0, std::min(plan.G, std::min(g.D, g.T) - s0), u_lo, std::min(chain_max, u_lo + plan.steps),
           float(1.0 / std::sqrt(double(g.Dh))), r ? r + h * g.C : nullptr, has_pads ? pads : nullptr,
-          has_pads ? pads + g.Dh : nullptr, probs + b * g.Tq * g.H * g.C + h * g.C, g.H * g.C};
+          has_pads ? pads + g.Dh : nullptr, probs + (b * g.H + h) * g.Tq * g.C, g.C};
 }
 
 template <typename T>  // the forward as head-sweep units; false: not this dtype (fp64) or not eligible
@@ -460,7 +462,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step, true);
   const auto acc_type = at::toOpMathType(q.scalar_type());
   at::Tensor out = output({g.B, g.Tq, g.H, g.Dh}, q.options());
-  at::Tensor probs = output({g.B, g.Tq, g.H, g.C}, q.options().dtype(acc_type));
+  at::Tensor probs = output({g.B, g.H, g.Tq, g.C}, q.options().dtype(acc_type));
   const at::Tensor r = rel_bias.to(acc_type).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "sliding_dilated_cpu_forward", [&] {
     using A = Acc<scalar_t>;
@@ -485,7 +487,7 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   const auto acc_type = at::toOpMathType(q.scalar_type());
   TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have q's shape");
   probs = probs.to(acc_type).contiguous();
-  TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.Tq, g.H, g.C}), "probs (B, Tq, H, C) expected");
+  TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.H, g.Tq, g.C}), "probs (B, H, Tq, C) expected");
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
   at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, width = HC + 2 * HD;

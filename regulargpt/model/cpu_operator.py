@@ -28,7 +28,7 @@ __all__ = ["cpu_operator"]
 
 class _EagerOperator(torch.autograd.Function):
     """The operator's forward and backward (the contract of `regulargpt.kernels.sliding_dilated_cpp`), called on
-    the extension directly: forward saves the probabilities P (B, Tq, H, C) and returns out; backward returns
+    the extension directly: forward saves the probabilities P (B, H, Tq, C) and returns out; backward returns
     dq, dk, dv, dr (cast to rel_bias's dtype) and, when pads are given, dpad_k, dpad_v (B, H, Dh)."""
 
     @staticmethod
