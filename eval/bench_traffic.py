@@ -15,7 +15,7 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
    that fusing would remove.
 
-Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best measured bandwidth (and ÷ the triad
+Reported per (T, C, dtype): time ÷ floor, where floor = bytes ÷ the best bandwidth the run measured (and ÷ the triad
 measured again just before that configuration's rows: bandwidth drifts on shared machines); time ÷ the compute
 floor, 12·B·H·T·C·Dh FLOPs (:func:`kernel_flops`) at the measured fp32 matmul rate (at large C the kernel has more
 FLOPs than bytes: the compute floor can exceed a multiple of the memory floor); and the op traffic as a multiple
@@ -202,13 +202,16 @@ def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int
 def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespace, command: str,
            gflops: float) -> str:
     prov = provenance(command)
-    best = max(bandwidth.values())
+    # the floor's bandwidth: the best this run measured, at its start or beside any row (on a shared machine the
+    # start can fall in a slow spell, and a floor below the machine's bandwidth would flatter every row)
+    best = max([*bandwidth.values(), *(r["bandwidth_now"] for r in rows)])
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
              f"B = 1; median of {args.reps} forward+backward passes, taken in rotation over the algorithms",
              f"- Head sweep (the `cpp` rows): {head_sweep_isa()} lanes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
-             f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best, {best:.1f} GB/s. Measured fp32 matmul "
+             f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best this run measured (there or beside a row), "
+             f"{best:.1f} GB/s. Measured fp32 matmul "
              f"rate (1536³, best of {max(args.reps, 3)}): {gflops:.1f} GFLOP/s, the compute floor's rate.", "",
              "| T | C | dtype | algorithm | fwd+bwd ms | memory floor ms | time ÷ memory floor | triad beside the row GB/s | "
              "time ÷ floor at it | compute floor ms | time ÷ compute floor | max(floors) ÷ memory floor |",

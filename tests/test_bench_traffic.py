@@ -54,6 +54,17 @@ def test_floor_at_the_triad_beside_the_row_by_hand() -> None:
     assert "| 65,536 | 8 | fp32 | cpp | 100.0 | 25.0 | 4.0× | 20.0 | 2.0× | 10.0 | 10.0× | 1.0× |" in text
 
 
+def test_floor_takes_the_best_bandwidth_of_the_run_when_a_row_measured_more() -> None:
+    """The start measured 20 GB/s, a later row 50: the floor is 1e9 bytes at 50 GB/s = 20 ms for every row, so the
+    first row's 0.1 s is 5.0× (not 2.5× at the slow start's 40 ms), and at its own 20 GB/s 2.0×."""
+    rows = [{"t": 65536, "chunk": c, "dtype": "fp32", "algorithm": "cpp", "seconds": 0.1, "floor_bytes": 10**9,
+             "flops": 10**9, "ops": 22, "op_bytes": 10**9, "bandwidth_now": now} for c, now in ((8, 20.0), (16, 50.0))]
+    args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0)
+    text = bench.render(rows, {"copy": 18.0, "triad": 20.0}, args, "python eval/bench_traffic.py", 100.0)
+    assert "| 65,536 | 8 | fp32 | cpp | 100.0 | 20.0 | 5.0× | 20.0 | 2.0× | 10.0 | 10.0× | 1.0× |" in text
+    assert "beside a row), 50.0 GB/s" in text
+
+
 def test_repetitions_rotate_over_the_algorithms_and_tiles_run_with_the_sweep_off(monkeypatch) -> None:
     """reps = 2 over (cpp, cpp-tiles): warm-up of each, then cpp, tiles, cpp, tiles; the tiles' calls are cpp
     with head_sweep(False) around them."""
