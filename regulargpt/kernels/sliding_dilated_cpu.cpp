@@ -9,10 +9,10 @@
 //
 // Order. Position p = s + u*D lies on chain s < D at chain index u; its keys are chain indices u, u-1, ..., u-C+1 of
 // the same chain. A tile takes G neighbouring chains [s0, s0 + G) and walks u, visiting the G contiguous positions
-// s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in the ring's budget,
-// fewer chains when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16
-// widened, sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use hits
-// that ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache sets). One
+// s0 + u*D + [0, G) per step: G = D (plain position order) when the rows of C steps fit in the ring's budget, fewer
+// chains when D is large. Each row of q, k, v, dout is read from memory once per tile and copied (bf16/fp16 widened,
+// sliding_dilated_cpu_vec.h) into a compact ring of the last C steps, slot (u % C, c): every later use hits that
+// ring, not the strided tensor (whose heads, T*Dh elements apart in a (B, H, T, Dh) layout, share cache sets). One
 // row holds all H heads, H separate pieces of a (B, H, T, Dh) tensor: when G = D a tile reads whole blocks of
 // positions, so it first stages kStageRows rows head by head (one contiguous run per head, stage()); otherwise the
 // rows kAhead positions on are prefetched. Work units are fixed ranges of the steps of one tile, independent of the
@@ -22,11 +22,12 @@
 // atomics, a rerun is bit-identical, with any thread count. Out-of-range keys (u < j) only occur in a chain's first
 // C - 1 steps: there the key list ends early (mask) or points at the pad row; the inner loops never test a key. The
 // forward saves the probabilities P (B, H, Tq, C) in the accumulation type (a head's C floats per query adjacent: the
-// sweep streams them; in (B, Tq, H, C) two heads shared each cache line, read and written twice, 0.8-0.9x the time at
-// T = 65536): the backward reads C floats per (query, head) instead of recomputing C dot products from a saved log-sum-exp (docs/PERFORMANCE.md measures both). Outputs
-// of 1 MiB and more come from a pool of freed ones (Pool): fresh pages cost more than writing them. On AVX-512 CPUs
-// the common geometries (every-position queries, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16)
-// run one head at a time instead (sliding_dilated_cpu_sweep.h, 1.6-2.4x faster at T = 65536; docs/KERNELS.md).
+// sweep streams them; in (B, Tq, H, C) two heads shared each cache line, read and written twice; this layout takes
+// 0.8-0.9x the sweep's time at T = 65536): the backward reads C floats per (query, head) instead of recomputing C dot
+// products from a saved log-sum-exp (docs/PERFORMANCE.md measures both). Outputs of 1 MiB and more come from a pool
+// of freed ones (Pool): fresh pages cost more than writing them. On AVX-512 / AVX2 CPUs the common geometries
+// (every-position queries, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run one head at a time
+// instead (sliding_dilated_cpu_sweep.h, 1.7-2.9x faster at T = 65536; docs/KERNELS.md).
 #include "sliding_dilated_cpu_vec.h"  // first: it sets at::vec's CPU capability
 
 #include <ATen/ATen.h>
