@@ -209,10 +209,10 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
              f"B = 1; median of {args.reps} forward+backward passes, taken in rotation over the algorithms",
              f"- Head sweep (the `cpp` rows): {head_sweep_isa()} lanes", "",
-             f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): copy {bandwidth['copy']:.1f} GB/s, "
-             f"triad {bandwidth['triad']:.1f} GB/s; the floor uses the best this run measured (there or beside a row), "
-             f"{best:.1f} GB/s. Measured fp32 matmul "
-             f"rate (1536³, best of {max(args.reps, 3)}): {gflops:.1f} GFLOP/s, the compute floor's rate.", "",
+             f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): "
+             f"copy {bandwidth['copy']:.1f} GB/s, triad {bandwidth['triad']:.1f} GB/s; the floor uses the best this "
+             f"run measured (there or beside a row), {best:.1f} GB/s. Measured fp32 matmul rate (1536³, best of "
+             f"{max(args.reps, 3)}): {gflops:.1f} GFLOP/s, the compute floor's rate.", "",
              "| T | C | dtype | algorithm | fwd+bwd ms | memory floor ms | time ÷ memory floor | triad beside the row GB/s | "
              "time ÷ floor at it | compute floor ms | time ÷ compute floor | max(floors) ÷ memory floor |",
              "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

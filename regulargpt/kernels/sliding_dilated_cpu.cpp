@@ -390,7 +390,8 @@ struct SweepPlan {  // unit = ((b·H + h)·groups + group)·parts + part: G chai
 
 SweepPlan sweep_plan(const Geometry& g, bool forward) {  // G: the rings of k, v (+ q, dout backward), see kStepRingBytes
   const int64_t chains = std::min(g.D, g.T), chain_max = (g.T + g.D - 1) / g.D, tensors = forward ? 2 : 4;
-  const int64_t step_bytes = g.C * tensors * g.Dh * 4;  // one chain's C rows in the rings
+  // one chain's C rows in the rings (the forward's hold ring_steps<C>(G) >= C steps: at most ⌈7/G⌉ more, see kGroup)
+  const int64_t step_bytes = g.C * tensors * g.Dh * 4;
   const int64_t G = chains * step_bytes <= sdsweep::kStepRingBytes
                         ? chains : std::clamp<int64_t>(sdsweep::kChainRingBytes / step_bytes, 1, chains);
   const int64_t steps = std::max<int64_t>(sdsweep::kSweepRows / G, 1);

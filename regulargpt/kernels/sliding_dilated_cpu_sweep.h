@@ -6,8 +6,8 @@
 // at step u of its chain sees the keys at steps u, u-1, ..., u-C+1 of the same chain) and a fixed range of steps.
 // It visits step by step the G positions s0 + u·D + [0, G), copying (bf16 / fp16: widening) each row of k, v (and q,
 // dout backward) once into compact rings that hold the last R steps (backward R = C; forward R = ring_steps<C>(G)),
-// step u's chain c in slot (u mod R)·G + c: the C keys of a query are then G rows apart in L1, never the multiple of 4 KiB they often are in the tensors (D·Dh·4
-// bytes), where they would share one L1 set and evict each other. Rows are prefetched into L2 kAheadRows positions
+// step u's chain c in slot (u mod R)·G + c: the C keys of a query are then G rows apart in L1, never the multiple of
+// 4 KiB they often are in the tensors (D·Dh·4 bytes), where they would share one L1 set and evict each other. Rows are prefetched into L2 kAheadRows positions
 // ahead. Per (query, head), with the query's NV vectors in registers:
 //
 //   forward   acc_j = q ⊙ k_{p-jD} (NV FMAs each), s = hsum(acc) · scale + r_h   (lane j: key j; hsum below)
@@ -84,7 +84,8 @@ inline float* scratch(int64_t floats) {  // this thread's scratch (64-byte align
 template <Kind K>  // the cache lines of row n of x (Dh elements) into L1, ahead of their use
 inline void prefetch_row(const Source& x, int64_t n, int64_t Dh) {
   const char* at = static_cast<const char*>(x.p) + n * x.st * element_bytes<K>;
-  for (int64_t b = 0; b < Dh * element_bytes<K>; b += 64) _mm_prefetch(at + b, _MM_HINT_T1);  // into L2: more misses in flight than L1 holds
+  // into L2: more misses in flight than L1 holds
+  for (int64_t b = 0; b < Dh * element_bytes<K>; b += 64) _mm_prefetch(at + b, _MM_HINT_T1);
 }
 
 template <Kind K>  // row n of x, widened, into dst (Dh floats)
@@ -151,8 +152,6 @@ struct Out {  // rows of one output tensor of head h: row n at p + n·st element
 template <Kind K>
 void* row_of(const Out& o, int64_t n) { return static_cast<char*>(o.p) + n * o.st * element_bytes<K>; }
 
-// A unit: batch b, head h (the rows below are already those of (b, h)), the G chains [s0, s0 + G) (chain s: the
-// positions s + u·D) and their steps [u_lo, u_hi). It visits step by step the G positions s0 + u·D + [0, G): the
 struct Unit {  // batch b, head h (the rows below are already those of (b, h)), chains [s0, s0 + G), steps [u_lo, u_hi)
   int64_t T, D, s0, G, u_lo, u_hi;
   float scale;
