@@ -8,8 +8,9 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
 3. times the kernel forward+backward (``out.backward(dout)``, dout allocated outside the timing), median of `--reps`
    taken in rotation over the algorithms (one repetition of each, then the next),
    eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, cpp-tiles,
-   shift, blocked; the fused C++ operator "cpp" is auto's choice on CPU; "cpp-tiles" is the same operator with its
-   head sweep switched off, i.e. the tiled kernel on every geometry);
+   cpp-rows, shift, blocked; the fused C++ operator "cpp" is auto's choice on CPU; "cpp-tiles" is the same operator
+   with its head sweep switched off, i.e. the tiled kernel on every geometry; "cpp-rows" with the sweep's backward on
+   rows, its lanes across chains switched off);
 4. profiles one forward+backward with ``torch.profiler`` (shapes recorded): the number of leaf ATen ops and the
    bytes their inputs hold (Σ over leaf ops of the elements of every tensor input × the element size of the run's
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
@@ -26,6 +27,7 @@ of the floor's bytes. Worked example (the issue's): T = 65536, H·Dh = 512, fp32
     python eval/bench_traffic.py --lengths 16384 --chunks 2 --dtypes fp32 --reps 2      # quick look
     python eval/bench_traffic.py --lengths 16384 --chunks 2,4,8 --dtypes fp32 --algorithms cpp,shift --no-compile
     python eval/bench_traffic.py --lengths 65536 --chunks 2,8,16 --algorithms cpp,cpp-tiles --no-compile --reps 5
+    python eval/bench_traffic.py --lengths 65536 --chunks 8,16 --algorithms cpp,cpp-rows --no-compile --reps 7
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ import torch  # noqa: E402
 
 from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
-from regulargpt.kernels.sliding_dilated_cpp import head_sweep, head_sweep_isa  # noqa: E402
+from regulargpt.kernels.sliding_dilated_cpp import chain_lanes, head_sweep, head_sweep_isa  # noqa: E402
 from regulargpt.model import sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import provenance, stamp_lines  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_CPP_VARIANTS = ("cpp-tiles", "cpp-rows")  # the C++ operator with part of its head sweep switched off
+ALGORITHMS = ("auto", "cpp", *_CPP_VARIANTS, "shift", "blocked")
 
 
 def stream_bandwidth(gib: float = 1.0, reps: int = 5) -> dict[str, float]:
@@ -141,13 +145,16 @@ def op_traffic(inputs: tuple, chunk: int, element: int, attention=sliding_dilate
 
 
 def _sweep_setting(algorithm: str):
-    """The context an algorithm runs in: "cpp-tiles" is "cpp" with the head sweep off."""
-    return head_sweep(False) if algorithm == "cpp-tiles" else contextlib.nullcontext()
+    """The context an algorithm runs in: "cpp-tiles" is "cpp" with the head sweep off, "cpp-rows" with the sweep's
+    backward on rows (its lanes across chains off)."""
+    if algorithm == "cpp-tiles":
+        return head_sweep(False)
+    return chain_lanes(False) if algorithm == "cpp-rows" else contextlib.nullcontext()
 
 
 def _attention(algorithm: str):
-    """sliding_dilated_attention with `algorithm` ("cpp-tiles": "cpp", to run inside :func:`_sweep_setting`)."""
-    return functools.partial(sliding_dilated_attention, algorithm="cpp" if algorithm == "cpp-tiles" else algorithm)
+    """sliding_dilated_attention with `algorithm` ("cpp-tiles", "cpp-rows": "cpp", run inside :func:`_sweep_setting`)."""
+    return functools.partial(sliding_dilated_attention, algorithm="cpp" if algorithm in _CPP_VARIANTS else algorithm)
 
 
 def timed_in_rotation(inputs: tuple, chunk: int, reps: int, algorithms: list[str]) -> dict[str, float]:
@@ -175,7 +182,8 @@ def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int
     """One row per algorithm at one (T, C, dtype), on the same inputs: eager forward+backward time (in rotation,
     :func:`timed_in_rotation`), the floor's bytes, the eager ops' traffic, and with `compiled` the
     ``torch.compile``d time (Inductor's fused C++ loops), its output checked against eager.
-    ``"cpp-tiles"``: the C++ operator with its head sweep off (`head_sweep(False)`)."""
+    ``"cpp-tiles"``: the C++ operator with its head sweep off (`head_sweep(False)`); ``"cpp-rows"``: with the sweep's
+    row backward (`chain_lanes(False)`)."""
     element = torch.finfo(DTYPES[dtype]).bits // 8
     inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
     seconds = timed_in_rotation(inputs, chunk, reps, algorithms)
@@ -257,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", default="2,8", help="chunk sizes C (default: %(default)s)")
     p.add_argument("--dtypes", default="fp32,bf16", help="q/k/v dtypes (default: %(default)s)")
     p.add_argument("--algorithms", default="auto",
-                   help="comma-separated: auto, cpp, cpp-tiles, shift, blocked (default: %(default)s)")
+                   help=f"comma-separated: {', '.join(ALGORITHMS)} (default: %(default)s)")
     p.add_argument("--heads", type=positive_int, default=8)
     p.add_argument("--head-dim", type=positive_int, default=64)
     p.add_argument("--reps", type=positive_int, default=3)
@@ -275,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [d for d in dtypes if d not in DTYPES]:
         p.error(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPES)}")
     algorithms = args.algorithms.split(",")
-    if bad := [a for a in algorithms if a not in ("auto", "cpp", "cpp-tiles", "shift", "blocked")]:
-        p.error(f"--algorithms: {bad[0]!r} is not one of auto, cpp, cpp-tiles, shift, blocked")
+    if bad := [a for a in algorithms if a not in ALGORITHMS]:
+        p.error(f"--algorithms: {bad[0]!r} is not one of {', '.join(ALGORITHMS)}")
     if min(lengths) < 1 or min(chunks) < 2:
         p.error("expected lengths >= 1, chunks >= 2")
     torch.set_num_threads(args.threads)

@@ -66,21 +66,24 @@ def test_floor_takes_the_best_bandwidth_of_the_run_when_a_row_measured_more() ->
 
 
 def test_repetitions_rotate_over_the_algorithms_and_tiles_run_with_the_sweep_off(monkeypatch) -> None:
-    """reps = 2 over (cpp, cpp-tiles): warm-up of each, then cpp, tiles, cpp, tiles; the tiles' calls are cpp
-    with head_sweep(False) around them."""
-    sweep_on, calls = [True], []
+    """reps = 2 over (cpp, cpp-tiles, cpp-rows): warm-up of each, then cpp, tiles, rows, cpp, tiles, rows; the tiles'
+    calls are cpp with head_sweep(False) around them, the rows' cpp with chain_lanes(False)."""
+    state, calls = {"sweep": True, "lanes": True}, []
 
-    @contextlib.contextmanager
-    def recording_head_sweep(enabled: bool):
-        sweep_on[0] = enabled
-        try:
-            yield
-        finally:
-            sweep_on[0] = True
+    def recording(key: str):
+        @contextlib.contextmanager
+        def switch(enabled: bool):
+            state[key] = enabled
+            try:
+                yield
+            finally:
+                state[key] = True
+        return switch
 
-    monkeypatch.setattr(bench, "head_sweep", recording_head_sweep)
-    monkeypatch.setattr(bench, "forward_backward",
-                        lambda inputs, chunk, attention: calls.append((attention.keywords["algorithm"], sweep_on[0])))
-    medians = bench.timed_in_rotation((), 2, 2, ["cpp", "cpp-tiles"])
-    assert calls == [("cpp", True), ("cpp", False)] * 3
-    assert set(medians) == {"cpp", "cpp-tiles"} and all(m >= 0 for m in medians.values())
+    monkeypatch.setattr(bench, "head_sweep", recording("sweep"))
+    monkeypatch.setattr(bench, "chain_lanes", recording("lanes"))
+    monkeypatch.setattr(bench, "forward_backward", lambda inputs, chunk, attention: calls.append(
+        (attention.keywords["algorithm"], state["sweep"], state["lanes"])))
+    medians = bench.timed_in_rotation((), 2, 2, ["cpp", "cpp-tiles", "cpp-rows"])
+    assert calls == [("cpp", True, True), ("cpp", False, True), ("cpp", True, False)] * 3
+    assert set(medians) == {"cpp", "cpp-tiles", "cpp-rows"} and all(m >= 0 for m in medians.values())

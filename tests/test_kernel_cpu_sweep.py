@@ -1,4 +1,5 @@
-"""The C++ operator's head sweep (sliding_dilated_cpu_sweep.h, on AVX-512 or AVX2 lanes) against the dense T×T
+"""The C++ operator's head sweep (sliding_dilated_cpu_sweep.h, on AVX-512 or AVX2 lanes; its backward with lanes
+across chains, sliding_dilated_cpu_chain_lanes.h, on AVX2 at D >= 8) against the dense T×T
 fp64 reference: every C and Dh it takes, dilations that make whole-step rings (G = D) and chain groups (G < D),
 work-unit boundaries (2,048 positions at D = 1), the pads' gradients, bf16 / fp16 rows widened into the rings, and
 the tiled kernel it replaces, forced on the same inputs."""
@@ -77,6 +78,19 @@ def test_work_unit_boundaries_and_batches():
     for c, dilation, t, b in [(4, 1, 4500, 1), (8, 8, 2100, 2), (16, 16, 2100, 1)]:
         case = _case(b, t, 1, 16, c, True, seed=c)
         _assert_close(_operator(*case, dilation, torch.float32), _reference(*case, dilation), 1e-5, (c, dilation, t))
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_backward_lanes_across_chains_partial_panels_and_groups(pad):
+    """At D >= 8 on AVX2 the backward puts 8 chains in the lanes of a vector (sliding_dilated_cpu_chain_lanes.h):
+    D = 12 leaves a second panel of 4 chains; T not a multiple of D leaves the last step's lanes past T (zero rows,
+    and keys whose last queries lie past T gathered at the end); D = 128 at C = 8 and D = 16 at C = 16 split the
+    chains into groups of 16 and 8; D = 40 at C = 2 has 5 panels; T = 2100 at D = 8 crosses a unit boundary."""
+    for c, dilation, t, dh in [(8, 12, 301, 64), (4, 8, 333, 32), (2, 40, 500, 16), (8, 128, 1500, 64),
+                               (16, 16, 700, 64), (8, 8, 2100, 16)]:
+        case = _case(1, t, 2, dh, c, pad, seed=t + c)
+        _assert_close(_operator(*case, dilation, torch.float32), _reference(*case, dilation), 1e-5,
+                      (c, dilation, t, dh))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -13,9 +13,10 @@ both have fake (meta) implementations, so torch.compile captures them, and `torc
 Two implementations behind the one operator: on CPUs with AVX-512 or AVX2 + FMA + F16C the common geometries
 (queries at every position, C in {2, 4, 8, 16}, Dh in {16, 32, 64, 128}, fp32 / bf16 / fp16) run the head sweep
 (sliding_dilated_cpu_sweep.h, on the vector lanes of sliding_dilated_cpu_lanes.h); the rest (fp64, tree mode's
-strided queries, other C or Dh, CPUs without AVX2) the tiled kernel. `head_sweep_available()` says whether this
-build has the sweep, `head_sweep_isa()` on which instructions; `with head_sweep(False):` forces the tiles
-(benchmarks compare the two).
+strided queries, other C or Dh, CPUs without AVX2) the tiled kernel. On AVX2 at D >= 8 the sweep's backward puts
+8 chains in the lanes of a vector (sliding_dilated_cpu_chain_lanes.h). `head_sweep_available()` says whether this
+build has the sweep, `head_sweep_isa()` on which instructions; `with head_sweep(False):` forces the tiles and
+`with chain_lanes(False):` the sweep's row backward (benchmarks compare them).
 
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
 -fopenmp`, cached under torch's extension directory. The extension's name carries a hash of the source and its header, the flags,
@@ -35,10 +36,12 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-__all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep_isa", "head_sweep"]
+__all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep_isa", "head_sweep",
+           "chain_lanes"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
-_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h") for part in ("vec", "pool", "lanes", "sweep"))  # included by the source
+_HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h")  # included by the source
+                 for part in ("vec", "pool", "lanes", "sweep", "chain_lanes"))
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 STALE_LOCK_SECONDS = 600.0  # a build lock older than this belongs to a killed process
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed
@@ -126,6 +129,19 @@ def head_sweep(enabled: bool):
         yield
     finally:
         ext.set_sweep(True)
+
+
+@contextlib.contextmanager
+def chain_lanes(enabled: bool):
+    """Within the block the head sweep's backward puts 8 chains in the lanes of a vector where it applies (True, the
+    default outside: AVX2 builds, D >= 8; sliding_dilated_cpu_chain_lanes.h) or runs its row backward everywhere
+    (False). Process-wide, like :func:`head_sweep`."""
+    ext = extension()
+    ext.set_chain_lanes(enabled)
+    try:
+        yield
+    finally:
+        ext.set_chain_lanes(True)
 
 
 @torch.library.custom_op("regulargpt::sliding_dilated_cpu", mutates_args=(), device_types="cpu")

@@ -36,6 +36,7 @@
 
 #include "sliding_dilated_cpu_pool.h"   // output buffers reused across calls
 #include "sliding_dilated_cpu_sweep.h"  // the head sweep (AVX-512 or AVX2 lanes), for every-position queries
+#include "sliding_dilated_cpu_chain_lanes.h"  // its backward with lanes across chains (AVX2, D >= 8)
 
 
 #include <algorithm>
@@ -328,24 +329,35 @@ using BwdSweep = void (*)(const sdsweep::Unit&, const sdsweep::Source&, const sd
                           const sdsweep::Source&, const sdsweep::Source&, const sdsweep::Out&, const sdsweep::Out&,
                           const sdsweep::Out&, float*, float*, float*);
 
+// The backward with lanes across chains (sliding_dilated_cpu_chain_lanes.h) where a unit has 8 chains or more, on
+// AVX2 builds (where it was measured: 0.62-0.76x the row backward's time at C = 16, T = 65536; 0.97-1.03x at C = 8).
+std::atomic<bool> lanes_allowed{true};  // off: the row backward everywhere (benchmarks compare the two)
+bool chain_lanes(const Geometry& g) { return SD_LANES == 256 && lanes_allowed && std::min(g.D, g.T) >= 8; }
+
+template <sdsweep::Kind K, int C, int NV>
+std::pair<FwdSweep, BwdSweep> sweep_units(bool lanes) {
+  return {&sdsweep::forward_unit<K, C, NV>,
+          lanes ? &sdchains::backward_lanes<K, C, NV> : &sdsweep::backward_unit<K, C, NV>};
+}
+
 template <sdsweep::Kind K, int C>
-std::pair<FwdSweep, BwdSweep> sweep_nv(int64_t nv) {
+std::pair<FwdSweep, BwdSweep> sweep_nv(int64_t nv, bool lanes) {
   switch (nv) {
-    case 1: return {&sdsweep::forward_unit<K, C, 1>, &sdsweep::backward_unit<K, C, 1>};
-    case 2: return {&sdsweep::forward_unit<K, C, 2>, &sdsweep::backward_unit<K, C, 2>};
-    case 4: return {&sdsweep::forward_unit<K, C, 4>, &sdsweep::backward_unit<K, C, 4>};
-    case 8: return {&sdsweep::forward_unit<K, C, 8>, &sdsweep::backward_unit<K, C, 8>};
+    case 1: return sweep_units<K, C, 1>(lanes);
+    case 2: return sweep_units<K, C, 2>(lanes);
+    case 4: return sweep_units<K, C, 4>(lanes);
+    case 8: return sweep_units<K, C, 8>(lanes);
     default: return {nullptr, nullptr};
   }
 }
 
 template <sdsweep::Kind K>
-std::pair<FwdSweep, BwdSweep> sweep_c(int64_t C, int64_t nv) {
+std::pair<FwdSweep, BwdSweep> sweep_c(int64_t C, int64_t nv, bool lanes) {
   switch (C) {
-    case 2: return sweep_nv<K, 2>(nv);
-    case 4: return sweep_nv<K, 4>(nv);
-    case 8: return sweep_nv<K, 8>(nv);
-    case 16: return sweep_nv<K, 16>(nv);
+    case 2: return sweep_nv<K, 2>(nv, lanes);
+    case 4: return sweep_nv<K, 4>(nv, lanes);
+    case 8: return sweep_nv<K, 8>(nv, lanes);
+    case 16: return sweep_nv<K, 16>(nv, lanes);
     default: return {nullptr, nullptr};
   }
 }
@@ -353,9 +365,10 @@ std::pair<FwdSweep, BwdSweep> sweep_c(int64_t C, int64_t nv) {
 std::pair<FwdSweep, BwdSweep> sweep_of(const Geometry& g, at::ScalarType dtype) {  // {nullptr, nullptr}: tiles
   const bool eligible = sweep_allowed && g.step == 1 && g.qs == 0 && g.Tq == g.T && g.Dh % 16 == 0;
   if (!eligible) return {nullptr, nullptr};
-  if (dtype == at::kFloat) return sweep_c<sdsweep::Kind::f32>(g.C, g.Dh / 16);
-  if (dtype == at::kBFloat16) return sweep_c<sdsweep::Kind::bf16>(g.C, g.Dh / 16);
-  if (dtype == at::kHalf) return sweep_c<sdsweep::Kind::f16>(g.C, g.Dh / 16);
+  const bool lanes = chain_lanes(g);
+  if (dtype == at::kFloat) return sweep_c<sdsweep::Kind::f32>(g.C, g.Dh / 16, lanes);
+  if (dtype == at::kBFloat16) return sweep_c<sdsweep::Kind::bf16>(g.C, g.Dh / 16, lanes);
+  if (dtype == at::kHalf) return sweep_c<sdsweep::Kind::f16>(g.C, g.Dh / 16, lanes);
   return {nullptr, nullptr};
 }
 
@@ -392,8 +405,11 @@ SweepPlan sweep_plan(const Geometry& g, bool forward) {  // G: the rings of k, v
   const int64_t chains = std::min(g.D, g.T), chain_max = (g.T + g.D - 1) / g.D, tensors = forward ? 2 : 4;
   // one chain's C rows in the rings (the forward's hold ring_steps<C>(G) >= C steps: at most ⌈7/G⌉ more, see kGroup)
   const int64_t step_bytes = g.C * tensors * g.Dh * 4;
-  const int64_t G = chains * step_bytes <= sdsweep::kStepRingBytes
-                        ? chains : std::clamp<int64_t>(sdsweep::kChainRingBytes / step_bytes, 1, chains);
+  // the backward's chain lanes: whole panels of 8 chains, as many as kStepRingBytes holds (at least one)
+  const int64_t G = chains * step_bytes <= sdsweep::kStepRingBytes ? chains
+                    : !forward && chain_lanes(g)
+                        ? std::min(chains, 8 * std::max<int64_t>(1, sdsweep::kStepRingBytes / (8 * step_bytes)))
+                        : std::clamp<int64_t>(sdsweep::kChainRingBytes / step_bytes, 1, chains);
   const int64_t steps = std::max<int64_t>(sdsweep::kSweepRows / G, 1);
   return {G, (chains + G - 1) / G, steps, (chain_max + steps - 1) / steps};
 }
@@ -540,6 +556,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sliding-dilated attention forward: (out, probs)");
   m.def("backward", &backward, "sliding-dilated attention backward: (dq, dk, dv, dr, dpad_k, dpad_v)");
   m.def("set_sweep", [](bool on) { sweep_allowed = on; }, "allow the head sweep (default) or force the tiles");
+  m.def("set_chain_lanes", [](bool on) {
+#ifdef SD_SWEEP
+    lanes_allowed = on;
+#endif
+  }, "allow the sweep's backward with lanes across chains (default) or force its row backward");
   m.def("sweep_available", [] {
 #ifdef SD_SWEEP
     return true;
