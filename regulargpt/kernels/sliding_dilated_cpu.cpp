@@ -330,7 +330,7 @@ using BwdSweep = void (*)(const sdsweep::Unit&, const sdsweep::Source&, const sd
                           const sdsweep::Out&, float*, float*, float*);
 
 // The backward with lanes across chains (sliding_dilated_cpu_chain_lanes.h) where a unit has 8 chains or more, on
-// AVX2 builds (where it was measured: 0.62-0.76x the row backward's time at C = 16, T = 65536; 0.97-1.03x at C = 8).
+// AVX2 builds, where it was measured (T = 65536: the operator 0.79-0.81x the row backward's time at C = 16 fp32).
 std::atomic<bool> lanes_allowed{true};  // off: the row backward everywhere (benchmarks compare the two)
 bool chain_lanes(const Geometry& g) { return SD_LANES == 256 && lanes_allowed && std::min(g.D, g.T) >= 8; }
 

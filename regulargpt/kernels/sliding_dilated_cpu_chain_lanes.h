@@ -19,7 +19,6 @@
 #include "sliding_dilated_cpu_sweep.h"
 
 #ifdef SD_SWEEP
-#define SD_CHAIN_LANES 1
 
 namespace sdchains {
 
@@ -167,10 +166,10 @@ inline void pad_panel(const float* pad, int64_t Dh, float* dst) {  // dst[d·8 +
   for (int64_t d = 0; d < Dh; ++d) _mm256_store_ps(dst + d * 8, _mm256_set1_ps(pad ? pad[d] : 0.0f));
 }
 
-template <int C>  // ring + slot·stride of key j (step - j), or `absent` before the chain's start
-inline void key_panels(const float* ring, int64_t su, int64_t step, int64_t stride, int64_t R, const float* absent,
+template <int C>  // ring + slot·stride of key j (step - j, slot (su - j) mod C), or `absent` before the chain's start
+inline void key_panels(const float* ring, int64_t su, int64_t step, int64_t stride, const float* absent,
                        const float* (&at)[C]) {
-  for (int j = 0; j < C; ++j) at[j] = j <= step ? ring + (su - j < 0 ? su - j + R : su - j) * stride : absent;
+  for (int j = 0; j < C; ++j) at[j] = j <= step ? ring + (su - j < 0 ? su - j + C : su - j) * stride : absent;
 }
 
 // sdsweep::backward_unit's work and outputs, with the lanes across chains. Rings of C steps: k, v, q, dout panels,
@@ -217,7 +216,7 @@ void backward_lanes(const Unit& unit, const Source& q_in, const Source& k_in, co
   for (int64_t step = from_step, su = from_step % C; step < u_end; ++step, su = su + 1 == C ? 0 : su + 1) {
     const int64_t base = u.s0 + step * D;
     const float *kp[C], *vp[C];
-    key_panels<C>(ring_k, su, step, slot, C, absent_k, kp), key_panels<C>(ring_v, su, step, slot, C, absent_v, vp);
+    key_panels<C>(ring_k, su, step, slot, absent_k, kp), key_panels<C>(ring_v, su, step, slot, absent_v, vp);
     const int present = int(std::min<int64_t>(C, step + 1));
     // every panel, those past T too (zero rows, zero dS): a key's gather may read this step of its panel
     for (int64_t g = 0; g < panels; ++g) {
