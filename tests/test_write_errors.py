@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -119,16 +121,21 @@ def test_a_folder_without_write_permission_names_its_owner_and_mode(tmp_path: Pa
     """As root (who ignores permissions) the child drops to user nobody (65534) once it has imported everything,
     and writes into a root-owned 0755 folder; as another user the folder is made 0555."""
     folder = tmp_path / "locked"
-    folder.mkdir()
     user, modes = None, {}
     if os.geteuid() == 0:
         user = 65534
-        for parent in [tmp_path, *tmp_path.parents]:  # nobody must reach the folder (pytest's are 0700, and
-            mode = parent.stat().st_mode               # xdist's tmp_path is one level deeper)
+        # nobody must reach the folder: a folder of its own under the temp dir, not under pytest's 0700 ones, whose
+        # modes other xdist workers' runs of this test would restore while this child still walks through them
+        base = Path(tempfile.mkdtemp(prefix="write-errors-"))
+        base.chmod(0o755)
+        folder = base / "locked"
+        for parent in base.parents:
+            mode = parent.stat().st_mode
             if mode & 0o005 != 0o005:
                 modes[parent] = mode
                 parent.chmod(mode | 0o005)
-    else:
+    folder.mkdir()
+    if user is None:
         folder.chmod(0o555)
     try:
         target = folder / _NAME[writer]
@@ -142,6 +149,8 @@ def test_a_folder_without_write_permission_names_its_owner_and_mode(tmp_path: Pa
         folder.chmod(0o755)
         for parent, mode in modes.items():
             parent.chmod(mode)
+        if user is not None:
+            shutil.rmtree(folder.parent)
 
 
 def test_a_quota_is_named_as_a_quota(tmp_path: Path) -> None:
