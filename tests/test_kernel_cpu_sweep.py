@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from regulargpt.kernels import sliding_dilated_cpp
-from regulargpt.kernels.sliding_dilated_cpp import head_sweep, head_sweep_available, sliding_dilated_cpu
+from regulargpt.kernels.sliding_dilated_cpp import head_sweep, head_sweep_available, sliding_dilated_cpu, step_pairs
 from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention
 
 pytestmark = [
@@ -91,6 +91,22 @@ def test_backward_lanes_across_chains_partial_panels_and_groups(pad):
         case = _case(1, t, 2, dh, c, pad, seed=t + c)
         _assert_close(_operator(*case, dilation, torch.float32), _reference(*case, dilation), 1e-5,
                       (c, dilation, t, dh))
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_forward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bit(pad):
+    """The forward takes a chain's queries at steps u and u + 1 together (scores_pair, combine_pair) once all their
+    keys are present: the first C - 1 steps and a unit's odd last step run alone, and at T = 700, D = 16 the last
+    step's chains past T leave step u's queries without a partner; T = 2100 at D = 1 crosses a unit boundary (2048
+    positions), whose warm-up steps hold keys only. Outputs match the dense reference and, bit for bit, the forward
+    with `step_pairs(False)` (the same sums in the same order)."""
+    for c, dilation, t, dh in [(4, 3, 301, 32), (16, 16, 700, 64), (8, 1, 2100, 16), (2, 5, 99, 64), (8, 8, 517, 128)]:
+        case = _case(1, t, 2, dh, c, pad, seed=t + c)
+        paired = _operator(*case, dilation, torch.float32)
+        _assert_close(paired, _reference(*case, dilation), 1e-5, (c, dilation, t, dh))
+        with step_pairs(False):
+            alone = _operator(*case, dilation, torch.float32)
+        assert torch.equal(paired[0], alone[0]), (c, dilation, t, dh)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

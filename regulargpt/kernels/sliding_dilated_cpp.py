@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_available", "head_sweep_isa", "head_sweep",
-           "chain_lanes"]
+           "chain_lanes", "step_pairs"]
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
 _HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h")  # included by the source
@@ -142,6 +142,19 @@ def chain_lanes(enabled: bool):
         yield
     finally:
         ext.set_chain_lanes(True)
+
+
+@contextlib.contextmanager
+def step_pairs(enabled: bool):
+    """Within the block the head sweep's forward takes a chain's queries at steps u and u + 1 together, reading
+    their C - 1 shared key and value rows once (True, the default outside; sliding_dilated_cpu_sweep.h's
+    scores_pair), or every query alone (False). The same bits either way. Process-wide, like :func:`head_sweep`."""
+    ext = extension()
+    ext.set_step_pairs(enabled)
+    try:
+        yield
+    finally:
+        ext.set_step_pairs(True)
 
 
 @torch.library.custom_op("regulargpt::sliding_dilated_cpu", mutates_args=(), device_types="cpu")

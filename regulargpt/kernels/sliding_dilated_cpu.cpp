@@ -561,6 +561,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     lanes_allowed = on;
 #endif
   }, "allow the sweep's backward with lanes across chains (default) or force its row backward");
+  m.def("set_step_pairs", [](bool on) {
+#ifdef SD_SWEEP
+    sdsweep::step_pairs_allowed = on;
+#endif
+  }, "allow the sweep's forward to take a chain's steps in pairs (default) or every query alone");
   m.def("sweep_available", [] {
 #ifdef SD_SWEEP
     return true;

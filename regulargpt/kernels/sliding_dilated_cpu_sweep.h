@@ -29,6 +29,7 @@
 #define SD_SWEEP 1
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -127,6 +128,40 @@ template <int C, int NV>
   }
 }
 
+// The same chain's queries at steps u and u + 1 share C - 1 keys: rows[i] is the key row of step u + 1 - i
+// (i <= C), key i of query u + 1 and key i - 1 of query u. scores_pair and combine_pair load each shared row once
+// for both queries (C + 1 rows, C + 2 at C = 16, instead of 2·C), with the sums of scores and combine in the same
+// order, so the same bits. Worked example, C = 2: rows = {k_{u+1}, k_u, k_{u-1}}; query u + 1 dots rows 0, 1 and
+// query u rows 1, 2, and row 1 is read once.
+template <int C, int NV>
+[[gnu::always_inline]] inline void scores_pair(const F (&x0)[NV], const F (&x1)[NV], const float* const (&rows)[C + 1],
+                                               F& s0, F& s1) {
+  constexpr int J = C < 8 ? C : 8;  // keys per pass: 2·J accumulators in registers
+  F a0[C], a1[C];
+  for (int j0 = 0; j0 < C; j0 += J)
+    for (int i = j0; i <= j0 + J; ++i)
+      for (int v = 0; v < NV; ++v) {
+        const F r = loadu(rows[i] + 16 * v);
+        if (i < j0 + J) a1[i] = v == 0 ? mul(x1[0], r) : fmadd(x1[v], r, a1[i]);
+        if (i > j0) a0[i - 1] = v == 0 ? mul(x0[0], r) : fmadd(x0[v], r, a0[i - 1]);
+      }
+  s0 = hsum<C>(a0), s1 = hsum<C>(a1);
+}
+
+template <int C, int NV>  // y0 = Σ_j w0[j] rows[j + 1], y1 = Σ_j w1[j] rows[j], in j order (all C keys present)
+[[gnu::always_inline]] inline void combine_pair(F (&y0)[NV], F (&y1)[NV], const float* w0, const float* w1,
+                                                const float* const (&rows)[C + 1]) {
+  for (int v = 0; v < NV; ++v) y0[v] = y1[v] = zero();
+  for (int i = 0; i <= C; ++i) {
+    const F a = set1(i < C ? w1[i] : 0.0f), b = set1(i > 0 ? w0[i - 1] : 0.0f);
+    for (int v = 0; v < NV; ++v) {
+      const F r = loadu(rows[i] + 16 * v);
+      if (i < C) y1[v] = fmadd(a, r, y1[v]);
+      if (i > 0) y0[v] = fmadd(b, r, y0[v]);
+    }
+  }
+}
+
 // Slots. A unit keeps the rows of its last C steps in compact rings, step u's chain c in slot (u mod C)·G + c:
 // the C keys of a query are G rows apart, never a multiple of 4 KiB as in the tensors (where D·Dh·4 bytes often
 // is, and C keys in one L1 set would evict each other). slots[j]: the slot of key j (step u - j); returns how many
@@ -168,10 +203,12 @@ constexpr int64_t kAheadRows = 16;
 // The forward takes its queries in groups of kGroup visits: the group's scores first, then its softmaxes, then its
 // weighted sums. Each phase is kGroup independent chains (one query's softmax is a long dependent chain: hsum, max,
 // exp, sum, divide), which overlap where one query's would not: 0.87-0.93x the forward's time at C = 8 (T = 512 in
-// L3 and T = 65536). Its rings keep ring_steps<C>(G) steps, C plus those the group's oldest query may lag behind.
+// L3 and T = 65536). Its rings keep ring_steps<C>(G) steps: C + 1 for a pair of steps (scores_pair), plus those the
+// group's oldest query may lag behind, plus one.
 constexpr int kGroup = 8;
+inline std::atomic<bool> step_pairs_allowed{true};  // off: every query alone (benchmarks compare the two)
 template <int C>
-constexpr int64_t ring_steps(int64_t G) { return C + (kGroup - 1 + G - 1) / G; }
+constexpr int64_t ring_steps(int64_t G) { return C + 2 + (kGroup - 1 + G - 1) / G; }
 
 template <Kind K, int C, int NV>
 void forward_unit(const Unit& unit, const Source& q_in, const Source& k_in, const Source& v_in, const Out& out_in) {
@@ -181,10 +218,11 @@ void forward_unit(const Unit& unit, const Source& q_in, const Source& k_in, cons
   const Out out = out_in;
   const int64_t D = u.D, G = u.G, R = ring_steps<C>(G), ring = R * G * Dh, ahead = (kAheadRows + G - 1) / G;
   float *ring_k = scratch(2 * ring), *ring_v = ring_k + ring;
-  alignas(64) float zero_row[Dh] = {}, s_of[kGroup][16], w_of[kGroup][16];
-  int64_t p_of[kGroup];
-  const float* vr_of[kGroup][C];
-  int m_of[kGroup], pending = 0;
+  alignas(64) float zero_row[Dh] = {}, s_of[kGroup + 1][16], w_of[kGroup + 1][16];  // + 1: a pair may end a group
+  int64_t p_of[kGroup + 1];
+  const float* vr_of[kGroup + 1][C];
+  int m_of[kGroup + 1], pending = 0;
+  bool paired[kGroup + 1];  // entries i and i + 1 are a pair of steps (combine_pair)
   const float *absent_k = u.pad_k ? u.pad_k : zero_row, *absent_v = u.pad_v ? u.pad_v : zero_row;
   const F rh = load_first<C>(u.r), scale = set1(u.scale);
   float* const probs = u.probs;
@@ -201,26 +239,43 @@ void forward_unit(const Unit& unit, const Source& q_in, const Source& k_in, cons
     }
     for (int i = 0; i < pending; ++i) {
       F y[NV];
+      if (paired[i]) {  // entries i (step u) and i + 1 (step u + 1, the same chain)
+        const float* rows[C + 1];
+        rows[0] = vr_of[i + 1][0];
+        for (int j = 0; j < C; ++j) rows[j + 1] = vr_of[i][j];
+        F y1[NV];
+        combine_pair<C, NV>(y, y1, w_of[i], w_of[i + 1], rows);
+        store_row<K, NV>(row_of<K>(out, p_of[i]), y), store_row<K, NV>(row_of<K>(out, p_of[++i]), y1);
+        continue;
+      }
       combine<C, NV>(y, w_of[i], vr_of[i], m_of[i]);
       store_row<K, NV>(row_of<K>(out, p_of[i]), y);
     }
     pending = 0;
   };
+  const bool pairs = step_pairs_allowed.load(std::memory_order_relaxed);
   const int64_t from_step = std::max<int64_t>(u.u_lo - (C - 1), 0);
-  for (int64_t step = from_step, su = from_step % R; step < u.u_hi; ++step, su = su + 1 == R ? 0 : su + 1) {
+  for (int64_t step = from_step, su = from_step % R, next; step < u.u_hi; su = (su + next - step) % R, step = next) {
     const int64_t base = u.s0 + step * D, width = std::min(G, u.T - base);
     if (width <= 0) break;
+    // steps u and u + 1 together where both are the unit's and all their keys are present (scores_pair)
+    const bool pair = pairs && step >= u.u_lo && step >= C - 1 && step + 1 < u.u_hi && base + D < u.T;
+    const int64_t width1 = pair ? std::min(G, u.T - base - D) : 0, s1 = su + 1 == R ? 0 : su + 1;
+    next = step + (pair ? 2 : 1);
     float *kb[C], *vb[C];  // key j's step (step - j) in the rings, or nullptr: absent
     for (int j = 0; j < C; ++j) {
       const int64_t s = su - j < 0 ? su - j + R : su - j;
       kb[j] = j <= step ? ring_k + s * G * Dh : nullptr, vb[j] = j <= step ? ring_v + s * G * Dh : nullptr;
     }
+    float *kb1 = ring_k + s1 * G * Dh, *vb1 = ring_v + s1 * G * Dh;  // step + 1's rows (with a pair)
     const int present = int(std::min<int64_t>(C, step + 1)), m = u.pad_k ? C : present;
     for (int64_t c = 0; c < width; ++c) {
       const int64_t p = base + c;
-      if (const int64_t pa = p + ahead * D; pa < u.T)
+      const bool both = c < width1;
+      for (int64_t pa = p + ahead * D, e = pa + (both ? D : 0); pa <= e && pa < u.T; pa += D)
         prefetch_row<K>(q, pa, Dh), prefetch_row<K>(k, pa, Dh), prefetch_row<K>(v, pa, Dh);
       widen_row<K>(k, p, Dh, kb[0] + c * Dh), widen_row<K>(v, p, Dh, vb[0] + c * Dh);
+      if (both) widen_row<K>(k, p + D, Dh, kb1 + c * Dh), widen_row<K>(v, p + D, Dh, vb1 + c * Dh);
       if (step < u.u_lo) continue;  // a step before the unit's: its keys only
       F x[NV];
       const char* qrow = static_cast<const char*>(q.p) + p * q.st * element_bytes<K>;
@@ -233,9 +288,25 @@ void forward_unit(const Unit& unit, const Source& q_in, const Source& k_in, cons
         for (int j = 0; j < C; ++j)
           kr[j] = kb[j] ? kb[j] + c * Dh : absent_k, vr[j] = vb[j] ? vb[j] + c * Dh : absent_v;
       }
-      m_of[pending] = m, p_of[pending] = p;
-      store(s_of[pending], fmadd(scores<C, NV>(x, kr), scale, rh));
-      if (++pending == kGroup) flush();
+      m_of[pending] = m, p_of[pending] = p, paired[pending] = both;
+      if (both) {
+        F x1[NV], s0, s1v;
+        const char* qrow1 = qrow + D * q.st * element_bytes<K>;
+        for (int i = 0; i < NV; ++i) x1[i] = widen16<K>(qrow1 + 16 * i * element_bytes<K>);
+        const float* rows[C + 1];
+        rows[0] = kb1 + c * Dh;
+        for (int j = 0; j < C; ++j) rows[j + 1] = kr[j];
+        scores_pair<C, NV>(x, x1, rows, s0, s1v);
+        store(s_of[pending], fmadd(s0, scale, rh)), ++pending;
+        const float** vr1 = vr_of[pending];
+        vr1[0] = vb1 + c * Dh;
+        for (int j = 1; j < C; ++j) vr1[j] = vr[j - 1];
+        m_of[pending] = C, p_of[pending] = p + D, paired[pending] = false;
+        store(s_of[pending], fmadd(s1v, scale, rh));
+      } else {
+        store(s_of[pending], fmadd(scores<C, NV>(x, kr), scale, rh));
+      }
+      if (++pending >= kGroup) flush();
     }
   }
   flush();
