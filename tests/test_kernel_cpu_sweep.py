@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from regulargpt.kernels import sliding_dilated_cpp
-from regulargpt.kernels.sliding_dilated_cpp import head_sweep, head_sweep_available, sliding_dilated_cpu, step_pairs
+from regulargpt.kernels.sliding_dilated_cpp import (chain_lanes, head_sweep, head_sweep_available, sliding_dilated_cpu,
+                                                    step_pairs)
 from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention
 
 pytestmark = [
@@ -107,6 +108,25 @@ def test_forward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bit
         with step_pairs(False):
             alone = _operator(*case, dilation, torch.float32)
         assert torch.equal(paired[0], alone[0]), (c, dilation, t, dh)
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_backward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bit(pad):
+    """The row backward (chain lanes off, as on AVX-512) takes steps u and u + 1 together once their keys are
+    present: their dP, dq and the gathers of keys u - C + 1, u - C + 2 share rows, and step u + 1's dS joins dr after
+    step u's. T = 2100 at D = 1 puts a pair across a unit's owned steps and the C - 1 recomputed ones after them;
+    T = 700 at D = 16 ends in a partial step; a unit's first paired step gathers only its second key. Every gradient
+    matches the dense reference and, bit for bit, the backward with `step_pairs(False)`."""
+    for c, dilation, t, dh in [(4, 3, 301, 32), (16, 16, 700, 64), (8, 1, 2100, 16), (2, 5, 99, 64), (8, 8, 517, 128),
+                               (4, 1, 4200, 16)]:
+        case = _case(2, t, 2, dh, c, pad, seed=t + c)
+        with chain_lanes(False):
+            paired = _operator(*case, dilation, torch.float32)
+            with step_pairs(False):
+                alone = _operator(*case, dilation, torch.float32)
+        _assert_close(paired, _reference(*case, dilation), 1e-5, (c, dilation, t, dh))
+        for name, got, want in zip(["out", "qkv", "rel_bias", "pad_k", "pad_v"], paired, alone):
+            assert torch.equal(got, want), (c, dilation, t, dh, name)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

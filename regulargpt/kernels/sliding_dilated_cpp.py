@@ -16,8 +16,8 @@ Two implementations behind the one operator: on CPUs with AVX-512 or AVX2 + FMA 
 strided queries, other C or Dh, CPUs without AVX2) the tiled kernel. On AVX2 at D >= 8 the sweep's backward puts
 8 chains in the lanes of a vector (sliding_dilated_cpu_chain_lanes.h). `head_sweep_available()` says whether this
 build has the sweep, `head_sweep_isa()` on which instructions; `with head_sweep(False):` forces the tiles and
-`with chain_lanes(False):` the sweep's row backward, `with step_pairs(False):` its forward one query at a time,
-not a chain's steps u, u + 1 together (benchmarks compare them).
+`with chain_lanes(False):` the sweep's row backward, `with step_pairs(False):` its forward and row backward one
+query at a time, not a chain's steps u, u + 1 together (benchmarks compare them).
 
 Build: `torch.utils.cpp_extension.load` on first use (g++ and ninja, nothing downloaded), `-O3 -march=native
 -fopenmp`, cached under torch's extension directory. The extension's name carries a hash of the source and its header, the flags,
@@ -147,9 +147,10 @@ def chain_lanes(enabled: bool):
 
 @contextlib.contextmanager
 def step_pairs(enabled: bool):
-    """Within the block the head sweep's forward takes a chain's queries at steps u and u + 1 together, reading
-    their C - 1 shared key and value rows once (True, the default outside; sliding_dilated_cpu_sweep.h's
-    scores_pair), or every query alone (False). The same bits either way. Process-wide, like :func:`head_sweep`."""
+    """Within the block the head sweep's forward and row backward take a chain's queries at steps u and u + 1
+    together, reading their C - 1 shared key and value rows (and, backward, q and dout rows) once (True, the default
+    outside; sliding_dilated_cpu_sweep.h's scores_pair, combine_pair), or every query alone (False). The same bits
+    either way. Process-wide, like :func:`head_sweep`."""
     ext = extension()
     ext.set_step_pairs(enabled)
     try:
