@@ -114,9 +114,9 @@ def test_forward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bit
 def test_backward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bit(pad):
     """The row backward (chain lanes off, as on AVX-512) takes steps u and u + 1 together once their keys are
     present: their dP, dq and the gathers of keys u - C + 1, u - C + 2 share rows, and step u + 1's dS joins dr after
-    step u's. T = 2100 at D = 1 puts a pair across a unit's owned steps and the C - 1 recomputed ones after them;
-    T = 700 at D = 16 ends in a partial step; a unit's first paired step gathers only its second key. Every gradient
-    matches the dense reference and, bit for bit, the backward with `step_pairs(False)`."""
+    step u's. At T = 2100, D = 1 a pair would span a unit's last owned step and the recomputed ones after it (it
+    runs alone); T = 700 at D = 16 ends in a partial step; a unit's first paired step gathers only its second key.
+    Every gradient matches the dense reference and, bit for bit, the backward with `step_pairs(False)`."""
     for c, dilation, t, dh in [(4, 3, 301, 32), (16, 16, 700, 64), (8, 1, 2100, 16), (2, 5, 99, 64), (8, 8, 517, 128),
                                (4, 1, 4200, 16)]:
         case = _case(2, t, 2, dh, c, pad, seed=t + c)
