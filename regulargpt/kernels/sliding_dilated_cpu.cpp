@@ -565,7 +565,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef SD_SWEEP
     sdsweep::step_pairs_allowed = on;
 #endif
-  }, "allow the sweep's forward to take a chain's steps in pairs (default) or every query alone");
+  }, "allow the sweep's forward and row backward to take a chain's steps in pairs (default) or every query alone");
   m.def("sweep_available", [] {
 #ifdef SD_SWEEP
     return true;

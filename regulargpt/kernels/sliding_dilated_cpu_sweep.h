@@ -337,6 +337,9 @@ void backward_unit(const Unit& u, const Source& q, const Source& k, const Source
   const F scale = set1(u.scale);
   F dr = zero(), dr_step = zero(), dpk[NV], dpv[NV];
   for (int i = 0; i < NV; ++i) dpk[i] = dpv[i] = zero();
+  const auto softmax_grad = [all](F P, F dP) {  // dS = P ⊙ (dP - Σ_j P_j dP_j), lanes j < C
+    return maskz(all, mul(P, sub(dP, set1(reduce_add(all, mul(P, dP))))));
+  };
   // dk_n, dv_n of key n (step w, chain c; sw = w mod R) from its queries at steps w + j, j < m
   const auto gather = [&](int64_t n, int64_t sw, int64_t c, int m) {
     const float *qr[C], *gr[C];
@@ -405,8 +408,7 @@ void backward_unit(const Unit& u, const Source& q, const Source& k, const Source
         rows[0] = ring_v + slot1 * Dh;
         for (int j = 0; j < C; ++j) rows[j + 1] = vr[j];
         scores_pair<C, NV>(g, g1, rows, dP, dP1);
-        const F dS = maskz(all, mul(P, sub(dP, set1(reduce_add(all, mul(P, dP))))));
-        const F dS1 = maskz(all, mul(P1, sub(dP1, set1(reduce_add(all, mul(P1, dP1))))));
+        const F dS = softmax_grad(P, dP), dS1 = softmax_grad(P1, dP1);
         store(dS_of + slot * 16, mul(dS, scale)), store(P_of + slot * 16, P);
         store(dS_of + slot1 * 16, mul(dS1, scale)), store(P_of + slot1 * 16, P1);
         if (own) {
@@ -420,9 +422,7 @@ void backward_unit(const Unit& u, const Source& q, const Source& k, const Source
         else if (step + 1 - reach >= u.u_lo) gather(p + D - reach * D, s_key + 1 == R ? 0 : s_key + 1, c, C);
         continue;
       }
-      const F dP = scores<C, NV>(g, vr);
-      const float delta = reduce_add(all, mul(P, dP));
-      const F dS = maskz(all, mul(P, sub(dP, set1(delta))));
+      const F dS = softmax_grad(P, scores<C, NV>(g, vr));
       const F dSs = mul(dS, scale);
       store(dS_of + slot * 16, dSs), store(P_of + slot * 16, P);
       if (own) {
