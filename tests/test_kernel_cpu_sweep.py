@@ -40,15 +40,22 @@ def _reference(qkv, r, pads, dout, dilation):
     return [out.detach(), *torch.autograd.grad((out * dout).sum(), leaves)]
 
 
-def _operator(qkv, r, pads, dout, dilation, dtype):
-    """The same through the C++ operator with q, k, v, pads, dout in `dtype` and r in fp32."""
-    low = [x.detach().to(dtype).requires_grad_() for x in (qkv, *pads) if x is not None]
+def _operator(qkv, r, pads, dout, dilation, dtype, head_major=False):
+    """The same through the C++ operator with q, k, v, pads, dout in `dtype` and r in fp32; head_major: q, k, v
+    stored (B, H, T, Dh), each head's rows adjacent (passed as (B, T, H, Dh) views), instead of one projection."""
+    low = [x.detach().to(dtype) for x in (qkv, *pads) if x is not None]
+    if head_major:
+        low[0] = low[0].permute(0, 2, 3, 1, 4).contiguous()  # (B, T, 3, H, Dh) -> (B, 3, H, T, Dh)
+    low = [x.requires_grad_() for x in low]
     r32 = r.float().requires_grad_()
-    q, k, v = low[0].unbind(2)
+    q, k, v = (x.transpose(1, 2) for x in low[0].unbind(1)) if head_major else low[0].unbind(2)
+    assert q.stride(1) == (q.shape[-1] if head_major else 3 * q.shape[2] * q.shape[3])
     pk, pv = low[1:] if pads[0] is not None else (None, None)
     out = sliding_dilated_cpu(q, k, v, r32, dilation, pk, pv)
     assert out.dtype == dtype and out.shape == dout.shape
-    grads = torch.autograd.grad((out.double() * dout).sum(), [low[0], r32, *low[1:]])
+    grads = list(torch.autograd.grad((out.double() * dout).sum(), [low[0], r32, *low[1:]]))
+    if head_major:
+        grads[0] = grads[0].permute(0, 3, 1, 2, 4)  # back to (B, T, 3, H, Dh)
     return [out.detach(), *grads]
 
 
@@ -129,16 +136,20 @@ def test_backward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bi
             assert torch.equal(got, want), (c, dilation, t, dh, name)
 
 
+@pytest.mark.parametrize("head_major", [False, True], ids=["projection", "head-major"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_half_precision_rows_against_the_reference_of_their_rounded_values(dtype):
+def test_half_precision_rows_against_the_reference_of_their_rounded_values(dtype, head_major):
     """bf16 / fp16 rows are widened exactly into the fp32 rings; outputs are rounded once. Against the fp64
-    reference of the same rounded inputs the error is the output rounding (2^-8 relative for bf16) and fp32 sums."""
-    for c, dilation, dh in [(2, 1, 64), (8, 8, 64), (16, 16, 32), (8, 64, 16)]:
+    reference of the same rounded inputs the error is the output rounding (2^-8 relative for bf16) and fp32 sums.
+    Both layouts: on AVX-512 the backward at C = 4, 8 walks one chain per unit in the projection's and whole steps
+    where each head's rows are adjacent (head-major)."""
+    for c, dilation, dh in [(2, 1, 64), (4, 4, 64), (8, 8, 64), (16, 16, 32), (8, 64, 16), (4, 3, 32)]:
         qkv, r, pads, dout = _case(1, 300, 2, dh, c, True, seed=c)
         rounded = [x.to(dtype).double() for x in (qkv, *pads)]
         case = (rounded[0], r.float().double(), rounded[1:], dout)
         tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
-        _assert_close(_operator(*case, dilation, dtype), _reference(*case, dilation), tol, (c, dilation, dtype))
+        _assert_close(_operator(*case, dilation, dtype, head_major), _reference(*case, dilation), tol,
+                      (c, dilation, dtype, head_major))
 
 
 def test_tiled_kernel_forced_on_the_sweeps_geometries():
