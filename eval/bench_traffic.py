@@ -10,7 +10,8 @@ The kernel does ~1 FLOP per byte it must move, so FLOPs are the wrong yardstick.
    eager and under ``torch.compile`` (unless ``--no-compile``), for each of `--algorithms` (auto, cpp, cpp-tiles,
    cpp-rows, shift, blocked; the fused C++ operator "cpp" is auto's choice on CPU; "cpp-tiles" is the same operator
    with its head sweep switched off, i.e. the tiled kernel on every geometry; "cpp-rows" with the sweep's backward on
-   rows, its lanes across chains switched off);
+   rows, its lanes across chains switched off; "cpp-steps" with its one-chain units switched off, so that G follows
+   the rings' byte budget everywhere);
 4. profiles one forward+backward with ``torch.profiler`` (shapes recorded): the number of leaf ATen ops and the
    bytes their inputs hold (Σ over leaf ops of the elements of every tensor input × the element size of the run's
    dtype, fp32 for the fp32 scores): a lower bound on what the separate ops read, i.e. the passes over memory
@@ -47,12 +48,12 @@ import torch  # noqa: E402
 
 from regulargpt.cli import positive_float, positive_int  # noqa: E402
 from regulargpt.files import atomic_write_text  # noqa: E402
-from regulargpt.kernels.sliding_dilated_cpp import chain_lanes, head_sweep, head_sweep_isa  # noqa: E402
+from regulargpt.kernels.sliding_dilated_cpp import chain_lanes, head_sweep, head_sweep_isa, one_chain  # noqa: E402
 from regulargpt.model import sliding_dilated_attention  # noqa: E402
 from regulargpt.provenance import provenance, stamp_lines  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_CPP_VARIANTS = ("cpp-tiles", "cpp-rows")  # the C++ operator with part of its head sweep switched off
+_CPP_VARIANTS = ("cpp-tiles", "cpp-rows", "cpp-steps")  # the C++ operator with part of its head sweep switched off
 ALGORITHMS = ("auto", "cpp", *_CPP_VARIANTS, "shift", "blocked")
 
 
@@ -97,19 +98,33 @@ def matmul_rate(reps: int = 3, size: int = 1536) -> float:
     return best
 
 
-def _inputs(batch: int, heads: int, t: int, head_dim: int, chunk: int, dtype: torch.dtype) -> tuple:
+LAYOUTS = ("heads", "projection")
+
+
+def _inputs(batch: int, heads: int, t: int, head_dim: int, chunk: int, dtype: torch.dtype,
+            layout: str = "heads") -> tuple:
+    """q, k, v (B, H, T, Dh): "heads" stores each contiguously (a head's rows adjacent); "projection" makes them
+    views of one (B, T, 3, H, Dh) leaf, as the model's qkv projection does (rows 3·H·Dh apart), with dout
+    (B, T, H, Dh) seen as (B, H, T, Dh)."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, t, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    if layout == "projection":
+        qkv = torch.randn(batch, t, 3, heads, head_dim, dtype=dtype, requires_grad=True)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    else:
+        q, k, v = (torch.randn(batch, heads, t, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
     pad_k, pad_v = (torch.randn(batch, heads, head_dim, dtype=dtype, requires_grad=True) for _ in range(2))
     rel_bias = torch.randn(heads, chunk, requires_grad=True)
-    dout = torch.randn(batch, heads, t, head_dim, dtype=dtype)
+    if layout == "projection":
+        dout = torch.randn(batch, t, heads, head_dim, dtype=dtype).transpose(1, 2)
+    else:
+        dout = torch.randn(batch, heads, t, head_dim, dtype=dtype)
     return q, k, v, pad_k, pad_v, rel_bias, dout
 
 
 def forward_backward(inputs: tuple, chunk: int, attention=sliding_dilated_attention) -> None:
     q, k, v, pad_k, pad_v, rel_bias, dout = inputs
     for x in (q, k, v, pad_k, pad_v, rel_bias):
-        x.grad = None
+        (x if x.is_leaf else x._base).grad = None  # a projection's view: its (B, T, 3, H, Dh) leaf
     attention(q, k, v, rel_bias, chunk, pad_k, pad_v).backward(dout)
 
 
@@ -146,14 +161,17 @@ def op_traffic(inputs: tuple, chunk: int, element: int, attention=sliding_dilate
 
 def _sweep_setting(algorithm: str):
     """The context an algorithm runs in: "cpp-tiles" is "cpp" with the head sweep off, "cpp-rows" with the sweep's
-    backward on rows (its lanes across chains off)."""
+    backward on rows (its lanes across chains off), "cpp-steps" with its one-chain units off (G by the ring rule)."""
     if algorithm == "cpp-tiles":
         return head_sweep(False)
+    if algorithm == "cpp-steps":
+        return one_chain(False)
     return chain_lanes(False) if algorithm == "cpp-rows" else contextlib.nullcontext()
 
 
 def _attention(algorithm: str):
-    """sliding_dilated_attention with `algorithm` ("cpp-tiles", "cpp-rows": "cpp", run inside :func:`_sweep_setting`)."""
+    """sliding_dilated_attention with `algorithm` (the variants "cpp-tiles", "cpp-rows", "cpp-steps": "cpp", run
+    inside :func:`_sweep_setting`)."""
     return functools.partial(sliding_dilated_attention, algorithm="cpp" if algorithm in _CPP_VARIANTS else algorithm)
 
 
@@ -178,14 +196,14 @@ def timed_in_rotation(inputs: tuple, chunk: int, reps: int, algorithms: list[str
 
 
 def measure(t: int, chunk: int, dtype: str, heads: int, head_dim: int, reps: int, compiled: bool,
-            algorithms: list[str]) -> list[dict]:
+            algorithms: list[str], layout: str = "heads") -> list[dict]:
     """One row per algorithm at one (T, C, dtype), on the same inputs: eager forward+backward time (in rotation,
     :func:`timed_in_rotation`), the floor's bytes, the eager ops' traffic, and with `compiled` the
     ``torch.compile``d time (Inductor's fused C++ loops), its output checked against eager.
     ``"cpp-tiles"``: the C++ operator with its head sweep off (`head_sweep(False)`); ``"cpp-rows"``: with the sweep's
-    row backward (`chain_lanes(False)`)."""
+    row backward (`chain_lanes(False)`); ``"cpp-steps"``: G by the ring rule everywhere (`one_chain(False)`)."""
     element = torch.finfo(DTYPES[dtype]).bits // 8
-    inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype])
+    inputs = _inputs(1, heads, t, head_dim, chunk, DTYPES[dtype], layout)
     seconds = timed_in_rotation(inputs, chunk, reps, algorithms)
     rows = []
     for algorithm in algorithms:
@@ -216,6 +234,9 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
              f"B = 1; median of {args.reps} forward+backward passes, taken in rotation over the algorithms",
+             f"- Layout: {args.layout} (" + ("q, k, v views of one (B, T, 3, H, Dh) projection" if args.layout ==
+                                              "projection" else "q, k, v each (B, H, T, Dh), a head's rows adjacent")
+             + ")",
              f"- Head sweep (the `cpp` rows): {head_sweep_isa()} lanes", "",
              f"Measured bandwidth ({args.stream_gib:g} GiB fp32 arrays, best of {max(args.reps, 3)}): "
              f"copy {bandwidth['copy']:.1f} GB/s, triad {bandwidth['triad']:.1f} GB/s; the floor uses the best this "
@@ -271,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=positive_int, default=3)
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument("--stream-gib", type=positive_float, default=1.0, help="GiB per bandwidth array (default 1)")
+    p.add_argument("--layout", choices=LAYOUTS, default="heads",
+                   help="heads: q, k, v each (B, H, T, Dh); projection: views of one (B, T, 3, H, Dh) tensor, as in "
+                        "the model (default: %(default)s)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns")
     p.add_argument("--out", type=Path, default=Path("results/bench_traffic.md"))
     args = p.parse_args(argv)
@@ -299,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             for chunk in chunks:
                 # the triad again beside each configuration's rows: on a shared VM bandwidth drifts over minutes
                 local = max(stream_bandwidth(args.stream_gib, reps=2).values())
-                for r in measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile, algorithms):
+                for r in measure(t, chunk, dtype, args.heads, args.head_dim, args.reps, not args.no_compile, algorithms,
+                                 args.layout):
                     rows.append({**r, "bandwidth_now": local})
                     print(f"T={t} C={chunk} {dtype} {r['algorithm']}: {r['seconds'] * 1e3:.1f} ms, "
                           f"{r['seconds'] * max(bandwidth.values()) * 1e9 / r['floor_bytes']:.1f}x floor, "

@@ -32,6 +32,19 @@ def test_op_traffic_is_at_least_the_inputs_read_once() -> None:
     assert ops > 10 and traffic >= 4 * q_bytes  # q, k, v and dout are each read at least once
 
 
+def test_projection_layout_views_one_leaf_and_each_pass_starts_from_no_gradient() -> None:
+    """--layout projection: q, k, v are (B, H, T, Dh) views of one (B, T, 3, H, Dh) leaf (a position's rows
+    3·H·Dh apart, as in the model); a repeated forward+backward leaves the leaf's gradient of one pass, not a sum."""
+    q, k, v, pad_k, pad_v, rel_bias, dout = inputs = bench._inputs(1, 2, 64, 16, 4, torch.float32, "projection")
+    assert q.shape == dout.shape == (1, 2, 64, 16) and q.stride(2) == 3 * 2 * 16 and q._base is k._base is v._base
+    bench.forward_backward(inputs, 4)
+    first = q._base.grad.clone()
+    bench.forward_backward(inputs, 4)
+    torch.testing.assert_close(q._base.grad, first)
+    heads = bench._inputs(1, 2, 64, 16, 4, torch.float32)
+    assert heads[0].is_leaf and heads[0].stride(2) == 16
+
+
 def test_report_and_bad_flags(tmp_path: Path) -> None:
     out = tmp_path / "t.md"
     assert bench.main(["--lengths", "128", "--chunks", "2", "--dtypes", "fp32", "--reps", "1", "--threads", "1",
@@ -39,7 +52,10 @@ def test_report_and_bad_flags(tmp_path: Path) -> None:
     text = out.read_text()
     assert "| 128 | 2 | fp32 |" in text and "Measured bandwidth" in text and "— | — | — |" in text
     assert "GFLOP/s, the compute floor's rate" in text and "time ÷ compute floor" in text
-    assert "triad beside the row GB/s" in text
+    assert "triad beside the row GB/s" in text and "- Layout: heads" in text
+    assert bench.main(["--lengths", "96", "--chunks", "4", "--dtypes", "bf16", "--reps", "1", "--threads", "1",
+                       "--no-compile", "--stream-gib", "0.05", "--layout", "projection", "--out", str(out)]) == 0
+    assert "| 96 | 4 | bf16 |" in out.read_text() and "- Layout: projection" in out.read_text()
     with pytest.raises(SystemExit):
         bench.main(["--dtypes", "fp16", "--out", str(out)])
 
@@ -49,7 +65,7 @@ def test_floor_at_the_triad_beside_the_row_by_hand() -> None:
     50 ms (2.0×)."""
     row = {"t": 65536, "chunk": 8, "dtype": "fp32", "algorithm": "cpp", "seconds": 0.1, "floor_bytes": 10**9,
            "flops": 10**9, "ops": 22, "op_bytes": 10**9, "bandwidth_now": 20.0}
-    args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0)
+    args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0, layout="heads")
     text = bench.render([row], {"copy": 30.0, "triad": 40.0}, args, "python eval/bench_traffic.py", 100.0)
     assert "| 65,536 | 8 | fp32 | cpp | 100.0 | 25.0 | 4.0× | 20.0 | 2.0× | 10.0 | 10.0× | 1.0× |" in text
 
@@ -59,7 +75,7 @@ def test_floor_takes_the_best_bandwidth_of_the_run_when_a_row_measured_more() ->
     first row's 0.1 s is 5.0× (not 2.5× at the slow start's 40 ms), and at its own 20 GB/s 2.0×."""
     rows = [{"t": 65536, "chunk": c, "dtype": "fp32", "algorithm": "cpp", "seconds": 0.1, "floor_bytes": 10**9,
              "flops": 10**9, "ops": 22, "op_bytes": 10**9, "bandwidth_now": now} for c, now in ((8, 20.0), (16, 50.0))]
-    args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0)
+    args = SimpleNamespace(heads=8, head_dim=64, reps=5, stream_gib=1.0, layout="heads")
     text = bench.render(rows, {"copy": 18.0, "triad": 20.0}, args, "python eval/bench_traffic.py", 100.0)
     assert "| 65,536 | 8 | fp32 | cpp | 100.0 | 20.0 | 5.0× | 20.0 | 2.0× | 10.0 | 10.0× | 1.0× |" in text
     assert "beside a row), 50.0 GB/s" in text

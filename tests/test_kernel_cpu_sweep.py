@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from regulargpt.kernels import sliding_dilated_cpp
-from regulargpt.kernels.sliding_dilated_cpp import (chain_lanes, head_sweep, head_sweep_available, sliding_dilated_cpu,
-                                                    step_pairs)
+from regulargpt.kernels.sliding_dilated_cpp import (chain_lanes, head_sweep, head_sweep_available, one_chain,
+                                                    sliding_dilated_cpu, step_pairs)
 from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention
 
 pytestmark = [
@@ -134,6 +134,26 @@ def test_backward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bi
         _assert_close(paired, _reference(*case, dilation), 1e-5, (c, dilation, t, dh))
         for name, got, want in zip(["out", "qkv", "rel_bias", "pad_k", "pad_v"], paired, alone):
             assert torch.equal(got, want), (c, dilation, t, dh, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_chain_units_match_the_reference_and_the_ring_rules_units(dtype):
+    """The one-chain units (on AVX-512 the forward at C = 16, both directions at C = 4, 8 in a projection's layout)
+    against the fp64 reference,
+    and against `one_chain(False)`, whose units take G chains by the rings' budget: each query's sums are the same,
+    so out, dq, dk, dv are equal bit for bit; dr and the pads' gradients are sums over other units (close)."""
+    for c, dilation, t, dh in [(16, 16, 700, 64), (8, 8, 517, 64), (4, 3, 301, 32), (16, 256, 900, 16)]:
+        qkv, r, pads, dout = _case(2, t, 2, dh, c, True, seed=c + dilation)
+        rounded = [x.to(dtype).double() for x in (qkv, *pads)]
+        case = (rounded[0], r.float().double(), rounded[1:], dout)
+        got = _operator(*case, dilation, dtype)
+        with one_chain(False):
+            ring_rule = _operator(*case, dilation, dtype)
+        _assert_close(got, _reference(*case, dilation), 2e-2 if dtype == torch.bfloat16 else 1e-5, (c, dilation))
+        for name, a, b in zip(["out", "qkv"], got[:2], ring_rule[:2]):
+            assert torch.equal(a, b), (c, dilation, name)
+        for a, b in zip(got[2:], ring_rule[2:]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("head_major", [False, True], ids=["projection", "head-major"])

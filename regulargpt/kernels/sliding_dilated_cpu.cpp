@@ -76,7 +76,7 @@ struct Tile {  // chains [s0, s0 + width), steps [lo, hi) of batch b
 struct Geometry {
   int64_t B, T, Tq, H, Dh, C, D, qs, step, chains, stage_steps, ahead, chain_max, G, steps, groups, parts;
   bool staged;  // G = D: each tile reads whole blocks of rows, so stage them head by head
-  bool narrow_runs;  // 2-byte elements and each head's rows adjacent (q, k, v stride(1) == Dh): steps are runs
+  bool runs, narrow;  // each head's rows adjacent (q, k, v stride(1) == Dh: a step's rows are runs); 2-byte elements
   int64_t query(int64_t p) const {  // the query at position p, or -1
     const int64_t r = p - qs;
     if (step == 1) return r >= 0 && r < Tq ? r : -1;
@@ -185,7 +185,7 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(D >= 1 && step >= 1 && qs >= 0 && g.C >= 1, "dilation, query_step, C >= 1 and query_start >= 0 expected");
   TORCH_CHECK(g.Tq == 0 || qs + (g.Tq - 1) * step < g.T, "query positions must lie below T");
   g.chains = std::min(D, g.T);
-  g.narrow_runs = q.element_size() == 2 && q.stride(1) == g.Dh && k.stride(1) == g.Dh && v.stride(1) == g.Dh;
+  g.runs = q.stride(1) == g.Dh && k.stride(1) == g.Dh && v.stride(1) == g.Dh, g.narrow = q.element_size() == 2;
   g.chain_max = (g.T + D - 1) / D;
   const int64_t row_bytes = std::max<int64_t>(g.H * g.Dh * (q.scalar_type() == at::kDouble ? 8 : 4), 1);  // ring rows
   const int64_t ring_rows = forward ? 2 : 4, ring_bytes = forward ? kForwardRing : kBackwardRing;  // tensors in it
@@ -408,8 +408,11 @@ SweepPlan sweep_plan(const Geometry& g, bool forward) {  // G: the rings of k, v
   // one chain's C rows in the rings (the forward's hold ring_steps<C>(G) >= C steps: at most ⌈7/G⌉ more, see kGroup)
   const int64_t step_bytes = g.C * tensors * g.Dh * 4;
   // the backward's chain lanes: whole panels of 8 chains, as many as kStepRingBytes holds (at least one). One chain
-  // per unit where measured fastest (kOneChain: the forward at C = 16, the row backward at C = 4, 8 unless rows run)
-  const bool one_chain = sdsweep::kOneChain && (forward ? g.C >= 16 : (g.C == 4 || g.C == 8) && !g.narrow_runs);
+  // per unit where measured fastest (kOneChain): the forward at C = 16, and at C = 4, 8 the forward unless a head's
+  // rows are adjacent, the row backward unless they are adjacent and of 2 bytes
+  const bool c48 = g.C == 4 || g.C == 8;
+  const bool one_chain = sdsweep::kOneChain && sdsweep::one_chain_allowed &&
+                         (forward ? g.C >= 16 || (c48 && !g.runs) : c48 && !(g.runs && g.narrow));
   const int64_t G = one_chain ? 1
                     : chains * step_bytes <= sdsweep::kStepRingBytes ? chains
                     : !forward && chain_lanes(g)
@@ -571,6 +574,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     sdsweep::step_pairs_allowed = on;
 #endif
   }, "allow the sweep's forward and row backward to take a chain's steps in pairs (default) or every query alone");
+  m.def("set_one_chain", [](bool on) {
+#ifdef SD_SWEEP
+    sdsweep::one_chain_allowed = on;
+#endif
+  }, "allow the sweep's one-chain units where measured faster (default) or apply the ring rule everywhere");
   m.def("sweep_available", [] {
 #ifdef SD_SWEEP
     return true;

@@ -46,11 +46,13 @@ constexpr int64_t kSweepRows = 2048;      // positions per work unit
 // AVX2 (docs/KERNELS.md): whole steps beat G = 2 chains 0.7x at C = D = 16 forward; backward G = 1 is fastest there.
 constexpr int64_t kStepRingBytes = 128 << 10, kChainRingBytes = 16 << 10;
 // kOneChain: on AVX-512 some units walk one chain (G = 1) instead, measured faster on Zen 5 (T = 65536, H = 8,
-// docs/KERNELS.md): the forward at C = 16 (0.47-0.72x the time of whole steps at D = 16, Dh = 16-64, T = 16384 too;
-// 0.88x fp32, 0.99x bf16 of G = 2 at D = 256), the row backward at C = 4 and 8 (0.75-0.90x fp32, 0.68-0.70x bf16 in
-// (B, T, H, Dh) tensors) except bf16 / fp16 heads whose rows are adjacent ((B, H, T, Dh) tensors: 1.04-1.17x there,
-// whole steps read long runs). AVX2: off (whole steps were measured faster there).
+// docs/KERNELS.md). Forward at C = 16: 0.47-0.72x the time of whole steps at D = 16 (Dh 16-64, T = 16384 too, both
+// layouts), 0.88x fp32 / 0.99x bf16 of G = 2 at D = 256. Forward at C = 4, 8 in (B, T, H, Dh) tensors (a projection's
+// views): 0.69-0.80x bf16, 0.90-1.0x fp32; not where a head's rows are adjacent ((B, H, T, Dh): 1.02-1.18x there).
+// Row backward at C = 4, 8: 0.75-0.90x fp32 (both layouts), 0.68-0.70x bf16 in (B, T, H, Dh); not in bf16 / fp16
+// with adjacent rows (1.04-1.17x: whole steps read long runs). AVX2: off (whole steps were measured faster there).
 constexpr bool kOneChain = SD_LANES == 512;
+inline std::atomic<bool> one_chain_allowed{true};  // off: the ring rule everywhere (benchmarks compare the two)
 
 struct Source {  // one tensor's rows of head h in batch b: row n at p + n·st elements
   const void* p;
