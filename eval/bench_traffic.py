@@ -104,12 +104,13 @@ LAYOUTS = ("heads", "projection")
 def _inputs(batch: int, heads: int, t: int, head_dim: int, chunk: int, dtype: torch.dtype,
             layout: str = "heads") -> tuple:
     """q, k, v (B, H, T, Dh): "heads" stores each contiguously (a head's rows adjacent); "projection" makes them
-    views of one (B, T, 3, H, Dh) leaf, as the model's qkv projection does (rows 3·H·Dh apart), with dout
+    views of one (B, T, 3·H·Dh) leaf, as the model's qkv projection does (rows 3·H·Dh apart), with dout
     (B, T, H, Dh) seen as (B, H, T, Dh)."""
     torch.manual_seed(0)
     if layout == "projection":
-        qkv = torch.randn(batch, t, 3, heads, head_dim, dtype=dtype, requires_grad=True)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        qkv = torch.randn(batch, t, 3 * heads * head_dim, dtype=dtype, requires_grad=True)
+        # as the model splits it (regulargpt/model/layers.py): chunks of the last dim, one cat joins their gradients
+        q, k, v = (x.view(batch, t, heads, head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=-1))
     else:
         q, k, v = (torch.randn(batch, heads, t, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
     pad_k, pad_v = (torch.randn(batch, heads, head_dim, dtype=dtype, requires_grad=True) for _ in range(2))
@@ -124,7 +125,7 @@ def _inputs(batch: int, heads: int, t: int, head_dim: int, chunk: int, dtype: to
 def forward_backward(inputs: tuple, chunk: int, attention=sliding_dilated_attention) -> None:
     q, k, v, pad_k, pad_v, rel_bias, dout = inputs
     for x in (q, k, v, pad_k, pad_v, rel_bias):
-        (x if x.is_leaf else x._base).grad = None  # a projection's view: its (B, T, 3, H, Dh) leaf
+        (x if x.is_leaf else x._base).grad = None  # a projection's view: its (B, T, 3·H·Dh) leaf
     attention(q, k, v, rel_bias, chunk, pad_k, pad_v).backward(dout)
 
 
@@ -234,7 +235,7 @@ def render(rows: list[dict], bandwidth: dict[str, float], args: argparse.Namespa
     lines = ["# Sliding-dilated kernel against the memory-traffic floor", "",
              *stamp_lines(prov), f"- Threads: {torch.get_num_threads()}; H = {args.heads}, Dh = {args.head_dim}, "
              f"B = 1; median of {args.reps} forward+backward passes, taken in rotation over the algorithms",
-             f"- Layout: {args.layout} (" + ("q, k, v views of one (B, T, 3, H, Dh) projection" if args.layout ==
+             f"- Layout: {args.layout} (" + ("q, k, v views of one (B, T, 3·H·Dh) projection" if args.layout ==
                                               "projection" else "q, k, v each (B, H, T, Dh), a head's rows adjacent")
              + ")",
              f"- Head sweep (the `cpp` rows): {head_sweep_isa()} lanes", "",
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument("--stream-gib", type=positive_float, default=1.0, help="GiB per bandwidth array (default 1)")
     p.add_argument("--layout", choices=LAYOUTS, default="heads",
-                   help="heads: q, k, v each (B, H, T, Dh); projection: views of one (B, T, 3, H, Dh) tensor, as in "
+                   help="heads: q, k, v each (B, H, T, Dh); projection: views of one (B, T, 3·H·Dh) tensor, as in "
                         "the model (default: %(default)s)")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns")
     p.add_argument("--out", type=Path, default=Path("results/bench_traffic.md"))

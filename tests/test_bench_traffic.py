@@ -33,7 +33,7 @@ def test_op_traffic_is_at_least_the_inputs_read_once() -> None:
 
 
 def test_projection_layout_views_one_leaf_and_each_pass_starts_from_no_gradient() -> None:
-    """--layout projection: q, k, v are (B, H, T, Dh) views of one (B, T, 3, H, Dh) leaf (a position's rows
+    """--layout projection: q, k, v are (B, H, T, Dh) views of one (B, T, 3·H·Dh) leaf (a position's rows
     3·H·Dh apart, as in the model); a repeated forward+backward leaves the leaf's gradient of one pass, not a sum."""
     q, k, v, pad_k, pad_v, rel_bias, dout = inputs = bench._inputs(1, 2, 64, 16, 4, torch.float32, "projection")
     assert q.shape == dout.shape == (1, 2, 64, 16) and q.stride(2) == 3 * 2 * 16 and q._base is k._base is v._base
