@@ -12,7 +12,7 @@ import torch
 from regulargpt.kernels import sliding_dilated_cpp
 from regulargpt.kernels.sliding_dilated_cpp import sliding_dilated_cpu
 from regulargpt.model import sliding_dilated
-from regulargpt.model.cpu_operator import cpu_operator
+from regulargpt.model.cpu_operator import cpu_operator, projection_of
 from regulargpt.model.regular_gpt import chunk_attention
 from regulargpt.model.sliding_dilated import reference_sliding_dilated_attention, sliding_dilated_attention
 
@@ -195,6 +195,34 @@ def test_compiled_code_calls_the_registered_operator():
     compiled = torch.compile(lambda *xs: cpu_operator(*xs, 2, pk.detach(), pv.detach()), backend="eager",
                              fullgraph=True)
     assert torch.equal(compiled(q, k, v, r.detach()), sliding_dilated_cpu(q, k, v, r.detach(), 2, pk, pv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_projection_chunks_get_their_gradient_whole_with_no_cat(dtype):
+    """q, k, v as the model splits its (B, T, 3·H·Dh) projection (last-dim chunks): the eager route writes dq, dk, dv
+    into one buffer and hands it to the projection whole (no aten::cat in the backward), with the bits of the same
+    operator on separate copies of q, k, v, whose gradients autograd concatenates. Other layouts are not taken."""
+    b, t, h, dh, c = 2, 300, 2, 32, 4
+    qkv = torch.randn(b, t, 3 * h * dh, dtype=dtype, requires_grad=True)
+    r = (torch.randn(h, c) * 0.5).requires_grad_()
+    pk, pv = (torch.randn(b, h, dh, dtype=dtype, requires_grad=True) for _ in range(2))
+    dout = torch.randn(b, t, h, dh, dtype=dtype)
+    q, k, v = (x.view(b, t, h, dh) for x in qkv.chunk(3, dim=-1))
+    assert projection_of(q, k, v) is qkv
+    out = cpu_operator(q, k, v, r, c, pk, pv)
+    with torch.profiler.profile() as prof:
+        got = torch.autograd.grad((out * dout).sum(), [qkv, r, pk, pv])
+    assert "aten::cat" not in {e.name for e in prof.events()}
+    copy = qkv.detach().clone().requires_grad_()
+    q2, k2, v2 = (x.view(b, t, h, dh).clone() for x in copy.chunk(3, dim=-1))
+    assert projection_of(q2, k2, v2) is None
+    out2 = cpu_operator(q2, k2, v2, r, c, pk, pv)
+    want = torch.autograd.grad((out2 * dout).sum(), [copy, r, pk, pv])
+    assert torch.equal(out, out2) and got[0].shape == qkv.shape
+    for name, g, w in zip(["qkv", "rel_bias", "pad_k", "pad_v"], got, want):
+        assert torch.equal(g, w), name
+    assert projection_of(k, q, v) is None and projection_of(q, k, k) is None  # chunks out of order or repeated
+    assert projection_of(*(x[:, 1:] for x in (q, k, v))) is None  # not the whole projection
 
 
 def test_dispatch_reads_the_projection_in_place_and_merges_heads_as_a_view():

@@ -504,9 +504,23 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   return {out, probs};
 }
 
-std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
-                                 c10::optional<at::Tensor> pad_k, c10::optional<at::Tensor> pad_v, at::Tensor probs,
-                                 int64_t dilation, int64_t query_start, int64_t query_step) {
+// q, k, v the chunks [0, HD), [HD, 2HD), [2HD, 3HD) of one (B, T, 3·H·Dh) tensor's last dim, as the model splits its
+// projection (every-position queries)
+bool projection_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (q.sizes() != k.sizes() || q.strides() != k.strides() || q.strides() != v.strides() || q.dim() != 4) return false;
+  const int64_t HD = q.size(2) * q.size(3), es = q.element_size();
+  const char *pq = static_cast<const char*>(q.data_ptr()), *pk = static_cast<const char*>(k.data_ptr());
+  const char* pv = static_cast<const char*>(v.data_ptr());
+  return q.stride(3) == 1 && q.stride(2) == q.size(3) && q.stride(1) == 3 * HD && q.stride(0) == q.size(1) * 3 * HD &&
+         pk == pq + HD * es && pv == pq + 2 * HD * es;
+}
+
+// pack: where q, k, v are a projection's chunks (projection_chunks), dq, dk, dv come back as the same chunks of one
+// (B, T, 3·H·Dh) buffer (their `_base`), so that the projection's gradient needs no concatenation
+std::vector<at::Tensor> backward_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
+                                      c10::optional<at::Tensor> pad_k, c10::optional<at::Tensor> pad_v,
+                                      at::Tensor probs, int64_t dilation, int64_t query_start, int64_t query_step,
+                                      bool pack) {
   dout = unit_stride(dout).to(q.scalar_type()), q = unit_stride(q), k = unit_stride(k), v = unit_stride(v);
   if (pad_k) pad_k = unit_stride(*pad_k), pad_v = unit_stride(*pad_v);
   const Geometry g = geometry(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step, false);
@@ -515,8 +529,15 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   probs = probs.to(acc_type).contiguous();
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.H, g.Tq, g.C}), "probs (B, H, Tq, C) expected");
   // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
-  at::Tensor dq = output_like(q), dk = output_like(k), dv = output_like(v);
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, width = HC + 2 * HD;
+  at::Tensor dq, dk, dv;
+  if (pack && g.Tq == g.T && projection_chunks(q, k, v)) {
+    const at::Tensor dqkv = output({g.B, g.T, 3 * HD}, q.options());  // (B, T, 3·H·Dh)
+    const auto chunk = [&](int64_t i) { return dqkv.narrow(2, i * HD, HD).view({g.B, g.T, g.H, g.Dh}); };
+    dq = chunk(0), dk = chunk(1), dv = chunk(2);
+  } else {
+    dq = output_like(q), dk = output_like(k), dv = output_like(v);
+  }
   // per unit: dr, dpad_k, dpad_v (a sweep unit fills its head's slices); units in batch order, per_batch per batch
 #ifdef SD_SWEEP
   const BwdSweep sweep = sweep_of(g, q.scalar_type()).second;
@@ -558,11 +579,26 @@ std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at
   return {dq, dk, dv, dr, dpad_k, dpad_v};
 }
 
+std::vector<at::Tensor> backward(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor rel_bias,
+                                 c10::optional<at::Tensor> pad_k, c10::optional<at::Tensor> pad_v, at::Tensor probs,
+                                 int64_t dilation, int64_t query_start, int64_t query_step) {
+  return backward_impl(dout, q, k, v, rel_bias, pad_k, pad_v, probs, dilation, query_start, query_step, false);
+}
+
+std::vector<at::Tensor> backward_packed(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v,
+                                        at::Tensor rel_bias, c10::optional<at::Tensor> pad_k,
+                                        c10::optional<at::Tensor> pad_v, at::Tensor probs, int64_t dilation,
+                                        int64_t query_start, int64_t query_step) {
+  return backward_impl(dout, q, k, v, rel_bias, pad_k, pad_v, probs, dilation, query_start, query_step, true);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sliding-dilated attention forward: (out, probs)");
   m.def("backward", &backward, "sliding-dilated attention backward: (dq, dk, dv, dr, dpad_k, dpad_v)");
+  m.def("backward_packed", &backward_packed,
+        "the backward, with dq, dk, dv as the chunks of one (B, T, 3*H*Dh) buffer where q, k, v are such chunks");
   m.def("set_sweep", [](bool on) { sweep_allowed = on; }, "allow the head sweep (default) or force the tiles");
   m.def("set_chain_lanes", [](bool on) {
 #ifdef SD_SWEEP

@@ -50,12 +50,60 @@ class _EagerOperator(torch.autograd.Function):
         return dq, dk, dv, dr.to(rel_bias.dtype), *pads, None, None, None
 
 
+class _EagerProjectionOperator(torch.autograd.Function):
+    """The same on q, k, v that are the three last-dim chunks of one projection (`projection_of`), taking the
+    projection too: its backward returns the projection's gradient whole (and none for the chunks), dq, dk, dv written by the extension
+    into the chunks of one buffer (`backward_packed`), where the split's backward would concatenate three tensors
+    into a fresh one (at T = 65,536 fp32: 80 ms against the operator's 58, docs/KERNELS.md)."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,  # type: ignore[override]
+                pad_k: Tensor | None, pad_v: Tensor | None, dilation: int) -> Tensor:
+        out, probs = sliding_dilated_cpp.extension().forward(q, k, v, rel_bias, pad_k, pad_v, dilation, 0, 1)
+        ctx.save_for_backward(q, k, v, rel_bias, pad_k, pad_v, probs)
+        ctx.dilation, ctx.projection_shape = dilation, qkv.shape
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: Tensor):  # type: ignore[override]
+        q, k, v, rel_bias, pad_k, pad_v, probs = ctx.saved_tensors
+        dq, dk, dv, dr, dpad_k, dpad_v = sliding_dilated_cpp.extension().backward_packed(
+            dout, q, k, v, rel_bias, pad_k, pad_v, probs, ctx.dilation, 0, 1)
+        dqkv = dq._base  # the buffer dq, dk, dv are chunks of (else a concatenation, as the split's backward makes)
+        if dqkv is None or dk._base is not dqkv or dv._base is not dqkv:
+            dqkv = torch.cat([x.flatten(2) for x in (dq, dk, dv)], dim=-1)
+        dqkv = dqkv.view(ctx.projection_shape)  # (B, T, 3·H·Dh) → the projection's own shape
+        pads = (dpad_k, dpad_v) if pad_k is not None else (None, None)
+        # the gradient reaches the projection whole; none flows back through the chunks q, k, v
+        return dqkv, None, None, None, dr.to(rel_bias.dtype), *pads, None
+
+
+def projection_of(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """The contiguous tensor, (B, T, 3·H·Dh) as the model's qkv projection (regulargpt/model/layers.py) or
+    (B, T, 3, H, Dh), whose last-dim chunks q, k, v (B, T, H, Dh) are; or None: other tensors, strides or offsets."""
+    base = q._base
+    if base is None or k._base is not base or v._base is not base or not base.is_contiguous():
+        return None
+    b, t, h, dh = q.shape
+    stride = (t * 3 * h * dh, 3 * h * dh, dh, 1)
+    if k.shape != q.shape or v.shape != q.shape or base.numel() != b * t * 3 * h * dh or base.shape[:2] != (b, t):
+        return None
+    if q.stride() != stride or k.stride() != stride or v.stride() != stride:
+        return None
+    at = [x.data_ptr() - base.data_ptr() for x in (q, k, v)]
+    return base if at == [0, h * dh * base.element_size(), 2 * h * dh * base.element_size()] else None
+
+
 def cpu_operator(q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor, dilation: int, pad_k: Tensor | None = None,
                  pad_v: Tensor | None = None, query_start: int = 0, query_step: int = 1) -> Tensor:
     """Sliding-dilated attention by the fused C++ operator: out (B, Tq, H, Dh) for queries at positions
     query_start + i·query_step (module doc for the layouts); the registered operator when torch.compile traces
-    this call, the extension through `_EagerOperator` otherwise."""
+    this call, the extension otherwise: through `_EagerProjectionOperator` on the projection itself where q, k, v
+    are its chunks (every-position queries), else through `_EagerOperator`."""
     if torch.compiler.is_compiling():
         return sliding_dilated_cpp.sliding_dilated_cpu(q, k, v, rel_bias, dilation, pad_k, pad_v, query_start,
                                                        query_step)
+    if query_start == 0 and query_step == 1 and torch.is_grad_enabled() and (qkv := projection_of(q, k, v)) is not None:
+        return _EagerProjectionOperator.apply(qkv, q, k, v, rel_bias, pad_k, pad_v, dilation)
     return _EagerOperator.apply(q, k, v, rel_bias, pad_k, pad_v, dilation, query_start, query_step)
