@@ -26,6 +26,17 @@ from regulargpt.kernels import sliding_dilated_cpp
 __all__ = ["cpu_operator"]
 
 
+def _extension_backward(ctx, dout: Tensor, packed: bool) -> tuple:
+    """The extension's backward on what the forward saved: dq, dk, dv, dr (rel_bias's dtype), dpad_k, dpad_v (None
+    without pads); packed: `backward_packed` (dq, dk, dv chunks of one buffer where q, k, v are a projection's)."""
+    q, k, v, rel_bias, pad_k, pad_v, probs = ctx.saved_tensors
+    ext = sliding_dilated_cpp.extension()
+    dq, dk, dv, dr, dpad_k, dpad_v = (ext.backward_packed if packed else ext.backward)(
+        dout, q, k, v, rel_bias, pad_k, pad_v, probs, *ctx.geometry)
+    pads = (dpad_k, dpad_v) if pad_k is not None else (None, None)
+    return dq, dk, dv, dr.to(rel_bias.dtype), *pads
+
+
 class _EagerOperator(torch.autograd.Function):
     """The operator's forward and backward (the contract of `regulargpt.kernels.sliding_dilated_cpp`), called on
     the extension directly: forward saves the probabilities P (B, H, Tq, C) and returns out; backward returns
@@ -43,40 +54,30 @@ class _EagerOperator(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout: Tensor):  # type: ignore[override]
-        q, k, v, rel_bias, pad_k, pad_v, probs = ctx.saved_tensors
-        dq, dk, dv, dr, dpad_k, dpad_v = sliding_dilated_cpp.extension().backward(
-            dout, q, k, v, rel_bias, pad_k, pad_v, probs, *ctx.geometry)
-        pads = (dpad_k, dpad_v) if pad_k is not None else (None, None)
-        return dq, dk, dv, dr.to(rel_bias.dtype), *pads, None, None, None
+        return *_extension_backward(ctx, dout, packed=False), None, None, None
 
 
 class _EagerProjectionOperator(torch.autograd.Function):
-    """The same on q, k, v that are the three last-dim chunks of one projection (`projection_of`), taking the
-    projection too: its backward returns the projection's gradient whole (and none for the chunks), dq, dk, dv written by the extension
-    into the chunks of one buffer (`backward_packed`), where the split's backward would concatenate three tensors
-    into a fresh one (at T = 65,536 fp32: 80 ms against the operator's 58, docs/KERNELS.md)."""
+    """The same on q, k, v that are the three last-dim chunks of one projection (`projection_of`), which it takes
+    too: its backward returns the projection's gradient whole (none for the chunks), dq, dk, dv written by the
+    extension into the chunks of one buffer (`backward_packed`), where the split's backward would concatenate three
+    tensors into a fresh one (at T = 65,536 fp32: 80 ms against the operator's 58, docs/KERNELS.md)."""
 
     @staticmethod
     def forward(ctx, qkv: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,  # type: ignore[override]
                 pad_k: Tensor | None, pad_v: Tensor | None, dilation: int) -> Tensor:
-        out, probs = sliding_dilated_cpp.extension().forward(q, k, v, rel_bias, pad_k, pad_v, dilation, 0, 1)
-        ctx.save_for_backward(q, k, v, rel_bias, pad_k, pad_v, probs)
-        ctx.dilation, ctx.projection_shape = dilation, qkv.shape
-        return out
+        ctx.projection_shape = qkv.shape
+        return _EagerOperator.forward(ctx, q, k, v, rel_bias, pad_k, pad_v, dilation, 0, 1)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout: Tensor):  # type: ignore[override]
-        q, k, v, rel_bias, pad_k, pad_v, probs = ctx.saved_tensors
-        dq, dk, dv, dr, dpad_k, dpad_v = sliding_dilated_cpp.extension().backward_packed(
-            dout, q, k, v, rel_bias, pad_k, pad_v, probs, ctx.dilation, 0, 1)
+        dq, dk, dv, *rest = _extension_backward(ctx, dout, packed=True)
         dqkv = dq._base  # the buffer dq, dk, dv are chunks of (else a concatenation, as the split's backward makes)
         if dqkv is None or dk._base is not dqkv or dv._base is not dqkv:
             dqkv = torch.cat([x.flatten(2) for x in (dq, dk, dv)], dim=-1)
-        dqkv = dqkv.view(ctx.projection_shape)  # (B, T, 3·H·Dh) → the projection's own shape
-        pads = (dpad_k, dpad_v) if pad_k is not None else (None, None)
-        # the gradient reaches the projection whole; none flows back through the chunks q, k, v
-        return dqkv, None, None, None, dr.to(rel_bias.dtype), *pads, None
+        # the projection's gradient whole, in its own shape; none flows back through the chunks q, k, v
+        return dqkv.view(ctx.projection_shape), None, None, None, *rest, None
 
 
 def projection_of(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
