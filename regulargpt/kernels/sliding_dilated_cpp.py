@@ -162,10 +162,11 @@ def step_pairs(enabled: bool):
 @contextlib.contextmanager
 def one_chain(enabled: bool):
     """Within the block the head sweep's units walk one dilation chain where that was measured faster on AVX-512
-    (True, the default outside: the forward at C = 16; at C = 4, 8 the forward unless a head's rows are adjacent,
-    the row backward unless they are adjacent bf16 / fp16 rows; sliding_dilated_cpu_sweep.h's kOneChain), or take G
-    chains by the rings' byte budget everywhere (False). Outputs and dq, dk, dv have the same bits either way; dr and the pads' gradients are sums over units,
-    so their order, and last bits, can change. Process-wide, like :func:`head_sweep`."""
+    (True, the default outside: the forward at C = 16; at C = 2, 4, 8 both directions unless a head's rows are
+    adjacent, and the backward at C = 4, 8 with adjacent fp32 rows too; sliding_dilated_cpu_sweep.h's kOneChain),
+    or take G chains by the rings' byte budget everywhere (False). Outputs and dq, dk, dv have the same bits either
+    way; dr and the pads' gradients are sums over units, so their order, and last bits, can change. Process-wide,
+    like :func:`head_sweep`."""
     ext = extension()
     ext.set_one_chain(enabled)
     try:

@@ -408,11 +408,12 @@ SweepPlan sweep_plan(const Geometry& g, bool forward) {  // G: the rings of k, v
   // one chain's C rows in the rings (the forward's hold ring_steps<C>(G) >= C steps: at most ⌈7/G⌉ more, see kGroup)
   const int64_t step_bytes = g.C * tensors * g.Dh * 4;
   // the backward's chain lanes: whole panels of 8 chains, as many as kStepRingBytes holds (at least one). One chain
-  // per unit where measured fastest (kOneChain): the forward at C = 16, and at C = 4, 8 the forward unless a head's
-  // rows are adjacent, the row backward unless they are adjacent and of 2 bytes
+  // per unit where measured fastest (kOneChain): the forward at C = 16 and, unless a head's rows are adjacent, at
+  // C = 2, 4, 8; the row backward at C = 2 unless they are adjacent, at C = 4, 8 unless they are adjacent 2-byte rows
   const bool c48 = g.C == 4 || g.C == 8;
   const bool one_chain = sdsweep::kOneChain && sdsweep::one_chain_allowed &&
-                         (forward ? g.C >= 16 || (c48 && !g.runs) : c48 && !(g.runs && g.narrow));
+                         (forward ? g.C >= 16 || ((c48 || g.C == 2) && !g.runs)
+                                  : (c48 && !(g.runs && g.narrow)) || (g.C == 2 && !g.runs));
   const int64_t G = one_chain ? 1
                     : chains * step_bytes <= sdsweep::kStepRingBytes ? chains
                     : !forward && chain_lanes(g)

@@ -50,7 +50,8 @@ constexpr int64_t kStepRingBytes = 128 << 10, kChainRingBytes = 16 << 10;
 // layouts), 0.88x fp32 / 0.99x bf16 of G = 2 at D = 256. Forward at C = 4, 8 in (B, T, H, Dh) tensors (a projection's
 // views): 0.69-0.80x bf16, 0.90-1.0x fp32; not where a head's rows are adjacent ((B, H, T, Dh): 1.02-1.18x there).
 // Row backward at C = 4, 8: 0.75-0.90x fp32 (both layouts), 0.68-0.70x bf16 in (B, T, H, Dh); not in bf16 / fp16
-// with adjacent rows (1.04-1.17x: whole steps read long runs). AVX2: off (whole steps were measured faster there).
+// with adjacent rows (1.04-1.17x: whole steps read long runs). C = 2 in (B, T, H, Dh): forward 0.90x fp32, 0.57x
+// bf16, backward 0.81x, 0.48x; not with adjacent rows (backward fp32 1.18x). AVX2: off (whole steps were faster).
 constexpr bool kOneChain = SD_LANES == 512;
 inline std::atomic<bool> one_chain_allowed{true};  // off: the ring rule everywhere (benchmarks compare the two)
 
