@@ -529,8 +529,9 @@ std::vector<at::Tensor> backward_impl(at::Tensor dout, at::Tensor q, at::Tensor 
   TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have q's shape");
   probs = probs.to(acc_type).contiguous();
   TORCH_CHECK(probs.sizes() == at::IntArrayRef({g.B, g.H, g.Tq, g.C}), "probs (B, H, Tq, C) expected");
-  // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous.
   const int64_t HC = g.H * g.C, HD = g.H * g.Dh, width = HC + 2 * HD;
+  // Gradients in their input's layout when it is dense (autograd then keeps them without a copy), else contiguous;
+  // with pack, a projection's chunks get the chunks of one buffer
   at::Tensor dq, dk, dv;
   if (pack && g.Tq == g.T && projection_chunks(q, k, v)) {
     const at::Tensor dqkv = output({g.B, g.T, 3 * HD}, q.options());  // (B, T, 3·H·Dh)
