@@ -27,7 +27,8 @@ $(STAMP): $(PY) setup.py
 # falls back to the PyTorch paths and tests/test_kernel_cpp.py is skipped with the reason.
 $(KERNEL): $(STAMP) regulargpt/kernels/sliding_dilated_cpu.cpp regulargpt/kernels/sliding_dilated_cpu_vec.h \
 		regulargpt/kernels/sliding_dilated_cpu_pool.h regulargpt/kernels/sliding_dilated_cpu_lanes.h regulargpt/kernels/sliding_dilated_cpu_sweep.h \
-		regulargpt/kernels/sliding_dilated_cpu_chain_lanes.h regulargpt/kernels/sliding_dilated_cpp.py
+		regulargpt/kernels/sliding_dilated_cpu_row_backward.h regulargpt/kernels/sliding_dilated_cpu_chain_lanes.h \
+		regulargpt/kernels/sliding_dilated_cpp.py
 	$(PY) -c "from regulargpt.kernels.sliding_dilated_cpp import build_error; print(build_error() or 'C++ kernel built')"
 	@touch $(KERNEL)
 

@@ -44,6 +44,8 @@ TEST_MAP: dict[str, tuple[list[str], list[str]]] = {
                                    ["tests/test_position_schemes.py"]),
     "regulargpt/model/cpu_operator.py": (["tests/test_kernel_cpp.py"], ["tests/test_attention_truth.py"]),
     "regulargpt/kernels/sliding_dilated_cpu_sweep.h": (["tests/test_kernel_cpu_sweep.py"], ["tests/test_kernel_cpp.py"]),
+    "regulargpt/kernels/sliding_dilated_cpu_row_backward.h": (["tests/test_kernel_cpu_sweep.py"],
+                                                               ["tests/test_kernel_cpp.py"]),
     "regulargpt/kernels/": (["tests/test_kernel_cpp.py"], ["tests/test_attention_truth.py"]),
     "regulargpt/model/sliding_dilated.py": (["tests/test_attention_truth.py", "tests/test_sliding_dilated.py"],
                                             ["tests/test_kernel_cpp.py", "tests/test_regular_gpt_truth.py"]),

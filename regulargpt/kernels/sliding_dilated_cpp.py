@@ -42,7 +42,7 @@ __all__ = ["sliding_dilated_cpu", "extension", "build_error", "head_sweep_availa
 
 _SOURCE = Path(__file__).with_name("sliding_dilated_cpu.cpp")
 _HEADERS = tuple(_SOURCE.with_name(f"sliding_dilated_cpu_{part}.h")  # included by the source
-                 for part in ("vec", "pool", "lanes", "sweep", "chain_lanes"))
+                 for part in ("vec", "pool", "lanes", "sweep", "row_backward", "chain_lanes"))
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 STALE_LOCK_SECONDS = 600.0  # a build lock older than this belongs to a killed process
 _state: dict[str, ModuleType | str] = {}  # "module" once built, or "error": why the build failed

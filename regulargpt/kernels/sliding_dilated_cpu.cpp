@@ -36,6 +36,7 @@
 
 #include "sliding_dilated_cpu_pool.h"   // output buffers reused across calls
 #include "sliding_dilated_cpu_sweep.h"  // the head sweep (AVX-512 or AVX2 lanes), for every-position queries
+#include "sliding_dilated_cpu_row_backward.h"  // its backward, one row (query) at a time
 #include "sliding_dilated_cpu_chain_lanes.h"  // its backward with lanes across chains (AVX2, D >= 8)
 
 
