@@ -139,9 +139,9 @@ def test_backward_step_pairs_match_the_reference_and_the_lone_queries_bit_for_bi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_one_chain_units_match_the_reference_and_the_ring_rules_units(dtype):
     """The one-chain units (on AVX-512 the forward at C = 16, both directions at C = 2, 4, 8 in a projection's layout)
-    against the fp64 reference,
-    and against `one_chain(False)`, whose units take G chains by the rings' budget: each query's sums are the same,
-    so out, dq, dk, dv are equal bit for bit; dr and the pads' gradients are sums over other units (close)."""
+    against the fp64 reference and against `one_chain(False)`, whose units take G chains by the rings' budget: each
+    query's sums are the same, so out, dq, dk, dv are equal bit for bit; dr and the pads' gradients are sums over
+    other units (close)."""
     cases = [(16, 16, 700, 64), (8, 8, 517, 64), (4, 3, 301, 32), (16, 256, 900, 16), (2, 5, 333, 64)]
     for c, dilation, t, dh in cases:
         qkv, r, pads, dout = _case(2, t, 2, dh, c, True, seed=c + dilation)
@@ -162,7 +162,7 @@ def test_one_chain_units_match_the_reference_and_the_ring_rules_units(dtype):
 def test_half_precision_rows_against_the_reference_of_their_rounded_values(dtype, head_major):
     """bf16 / fp16 rows are widened exactly into the fp32 rings; outputs are rounded once. Against the fp64
     reference of the same rounded inputs the error is the output rounding (2^-8 relative for bf16) and fp32 sums.
-    Both layouts: on AVX-512 the backward at C = 4, 8 walks one chain per unit in the projection's and whole steps
+    Both layouts: on AVX-512 the backward at C = 2, 4, 8 walks one chain per unit in the projection's and whole steps
     where each head's rows are adjacent (head-major)."""
     for c, dilation, dh in [(2, 1, 64), (2, 7, 64), (4, 4, 64), (8, 8, 64), (16, 16, 32), (8, 64, 16), (4, 3, 32)]:
         qkv, r, pads, dout = _case(1, 300, 2, dh, c, True, seed=c)

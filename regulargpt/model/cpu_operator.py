@@ -60,8 +60,9 @@ class _EagerOperator(torch.autograd.Function):
 class _EagerProjectionOperator(torch.autograd.Function):
     """The same on q, k, v that are the three last-dim chunks of one projection (`projection_of`), which it takes
     too: its backward returns the projection's gradient whole (none for the chunks), dq, dk, dv written by the
-    extension into the chunks of one buffer (`backward_packed`), where the split's backward would concatenate three
-    tensors into a fresh one (at T = 65,536 fp32: 80 ms against the operator's 58, docs/KERNELS.md)."""
+    extension into the chunks of one buffer (`backward_packed`, whose check matches `projection_of`'s), where the
+    split's backward would concatenate three tensors into a fresh one (at T = 65,536 fp32: 80 ms against the
+    operator's 58, docs/KERNELS.md)."""
 
     @staticmethod
     def forward(ctx, qkv: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_bias: Tensor,  # type: ignore[override]
@@ -73,9 +74,10 @@ class _EagerProjectionOperator(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout: Tensor):  # type: ignore[override]
         dq, dk, dv, *rest = _extension_backward(ctx, dout, packed=True)
-        dqkv = dq._base  # the buffer dq, dk, dv are chunks of (else a concatenation, as the split's backward makes)
+        dqkv = dq._base  # the (B, T, 3·H·Dh) buffer dq, dk, dv are chunks of: q, k, v passed projection_of
         if dqkv is None or dk._base is not dqkv or dv._base is not dqkv:
-            dqkv = torch.cat([x.flatten(2) for x in (dq, dk, dv)], dim=-1)
+            raise RuntimeError("sliding_dilated_cpu backward_packed: dq, dk, dv are not chunks of one buffer, though "
+                               "q, k, v are chunks of one projection (projection_of and projection_chunks disagree)")
         # the projection's gradient whole, in its own shape; none flows back through the chunks q, k, v
         return dqkv.view(ctx.projection_shape), None, None, None, *rest, None
 
